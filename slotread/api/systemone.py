@@ -1,0 +1,267 @@
+"""The System One wire format (Jev's ``/v1/systemone``) ⇄ core values.
+
+``to_decision`` validates a request body and builds a ``core.Decision``; every problem becomes an
+``InvalidRequest`` whose ``detail`` items have pydantic's ``loc``/``msg``/``type`` with ``loc``
+starting at ``"body"``, as FastAPI reports them. ``to_response`` turns a ``DecisionResult`` into the
+response body. Extensions beyond Jev are ``x_``-prefixed; vLLM's ``instructions`` and ``joint``
+request fields are accepted with their meaning.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
+
+from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
+from slotread.core.decide import DecisionResult
+from slotread.core.questions import Condition, Decision, Option, Question
+from slotread.errors import ErrorDetail, InvalidRequest
+from slotread.prompt.labels import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS
+
+#: A description or instruction: text, or JSON that is shown to the model as JSON.
+Description = str | dict[str, Any] | list[Any] | None
+AnswerValue = str | StrictBool | StrictInt
+
+DEFAULT_MAX_QUESTIONS = 64
+DEFAULT_MAX_SAMPLES = 32
+
+
+class _WireQuestion(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    instructions: Description = None
+    depends_on: str | list[str] | None = None
+    ask_if: dict[str, list[AnswerValue]] | None = None
+
+
+class NoulCriteria(BaseModel):
+    """What yes and what no mean; both optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    true: Description = None
+    false: Description = None
+
+
+class NoulQuestion(_WireQuestion):
+    type: Literal["noul"]
+    criteria: NoulCriteria | None = None
+
+
+class ChoiceQuestion(_WireQuestion):
+    type: Literal["choice"]
+    criteria: dict[str, Description]
+
+    @field_validator("criteria")
+    @classmethod
+    def _option_count(cls, criteria: dict[str, Description]) -> dict[str, Description]:
+        if not 2 <= len(criteria) <= MAX_CHOICE_OPTIONS:
+            raise ValueError(f"a choice needs 2 to {MAX_CHOICE_OPTIONS} options, got {len(criteria)}")
+        if "" in criteria:
+            raise ValueError("option names must not be empty")
+        return criteria
+
+
+class ScoreQuestion(_WireQuestion):
+    type: Literal["score"]
+    criteria: list[Description]
+
+    @field_validator("criteria")
+    @classmethod
+    def _level_count(cls, criteria: list[Description]) -> list[Description]:
+        if not 2 <= len(criteria) <= MAX_SCORE_LEVELS:
+            raise ValueError(f"a score needs 2 to {MAX_SCORE_LEVELS} levels, got {len(criteria)}")
+        return criteria
+
+
+WireQuestion = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
+
+
+class SystemOneRequest(BaseModel):
+    """A System One request body. Unknown top-level fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    state: Any = Field(...)
+    questions: dict[str, WireQuestion]
+    instructions: Description = None
+    joint: StrictBool | None = None
+    x_joint: StrictBool | None = None
+    x_seed: StrictInt | None = None
+    x_samples: StrictInt | Literal["auto"] | None = None
+
+    @field_validator("questions")
+    @classmethod
+    def _ids(cls, questions: dict[str, WireQuestion]) -> dict[str, WireQuestion]:
+        if not questions:
+            raise ValueError("at least one question is required")
+        if "" in questions:
+            raise ValueError("question ids must not be empty")
+        return questions
+
+
+def render_text(value: Description) -> str | None:
+    """Strings verbatim, objects and arrays as JSON (never Python repr), null as None."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_state(state: Any) -> str:
+    """The state as the model sees it: a string verbatim, anything else as JSON."""
+    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+
+
+def _problem(loc: list[str | int], msg: str, kind: str = "value_error") -> ErrorDetail:
+    return {"loc": ["body", *loc], "msg": msg, "type": kind}
+
+
+def _options(wire: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> tuple[Option, ...]:
+    if isinstance(wire, NoulQuestion):
+        criteria = wire.criteria or NoulCriteria()
+        return (Option("yes", render_text(criteria.true)), Option("no", render_text(criteria.false)))
+    if isinstance(wire, ChoiceQuestion):
+        return tuple(Option(name, render_text(text)) for name, text in wire.criteria.items())
+    return tuple(Option(str(i), render_text(level)) for i, level in enumerate(wire.criteria))
+
+
+def _answer_name(question: Question, value: str | bool | int) -> str | None:
+    """The option name an ``ask_if`` value denotes, or None if it denotes none."""
+    if question.kind == "noul":
+        named = {True: "yes", False: "no", "yes": "yes", "no": "no"}
+        return named.get(value) if isinstance(value, bool | str) else None
+    if question.kind == "score" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value) if 0 <= value < len(question.options) else None
+    if question.kind == "score" and isinstance(value, str):
+        by_text = {o.description: o.name for o in question.options}
+        return by_text.get(value)
+    names = {o.name for o in question.options}
+    return value if isinstance(value, str) and value in names else None
+
+
+def _question(
+    qid: str, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion, earlier: dict[str, Question]
+) -> tuple[Question, list[ErrorDetail]]:
+    problems: list[ErrorDetail] = []
+    depends = [wire.depends_on] if isinstance(wire.depends_on, str) else list(wire.depends_on or [])
+    for index, target in enumerate(depends):
+        if target not in earlier:
+            msg = f"depends_on names {target!r}, which is not an earlier question of this request"
+            problems.append(_problem(["questions", qid, "depends_on", index], msg))
+    conditions = []
+    for target, values in (wire.ask_if or {}).items():
+        if target not in earlier:
+            msg = f"ask_if names {target!r}, which is not an earlier question of this request"
+            problems.append(_problem(["questions", qid, "ask_if", target], msg))
+            continue
+        if not values:
+            problems.append(_problem(["questions", qid, "ask_if", target], "list at least one answer"))
+        names = [_answer_name(earlier[target], v) for v in values]
+        for index, (value, name) in enumerate(zip(values, names, strict=True)):
+            if name is None:
+                msg = f"{value!r} is not an answer of question {target!r}"
+                problems.append(_problem(["questions", qid, "ask_if", target, index], msg))
+        conditions.append(Condition(target, frozenset(n for n in names if n is not None)))
+    question = Question(
+        id=qid,
+        kind=wire.type,
+        instructions=render_text(wire.instructions),
+        options=_options(wire),
+        depends_on=tuple(dict.fromkeys(depends)),
+        ask_if=tuple(conditions),
+    )
+    return question, problems
+
+
+def parse_request(body: Any) -> SystemOneRequest:
+    """Check a request body's shape; raises InvalidRequest listing every problem."""
+    try:
+        return SystemOneRequest.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidRequest(
+            [_problem(list(e["loc"]), e["msg"], e["type"]) for e in exc.errors(include_url=False)]
+        ) from None
+
+
+def to_decision(
+    request: SystemOneRequest,
+    *,
+    max_questions: int = DEFAULT_MAX_QUESTIONS,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
+) -> Decision:
+    """Check what the shape cannot (limits, references between questions) and build the Decision."""
+    problems: list[ErrorDetail] = []
+    if len(request.questions) > max_questions:
+        msg = f"at most {max_questions} questions per request, got {len(request.questions)}"
+        problems.append(_problem(["questions"], msg))
+    samples = 1 if request.x_samples is None else request.x_samples
+    if samples != "auto" and not 1 <= int(samples) <= max_samples:
+        problems.append(
+            _problem(["x_samples"], f"x_samples must be 1..{max_samples} or 'auto', got {samples}")
+        )
+    questions: dict[str, Question] = {}
+    for qid, wire in request.questions.items():
+        questions[qid], found = _question(qid, wire, questions)
+        problems += found
+    if problems:
+        raise InvalidRequest(problems)
+    joint = bool(request.x_joint if request.x_joint is not None else request.joint)
+    return Decision(
+        state=render_state(request.state),
+        questions=tuple(questions.values()),
+        instructions=render_text(request.instructions),
+        seed=request.x_seed if request.x_seed is not None else 0,
+        samples=samples,
+        joint=joint,
+    )
+
+
+def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> dict[str, Any]:
+    question = answer.question
+    p = answer.probabilities
+    summary = answer.summary
+    names = [o.name for o in question.options]
+    body: dict[str, Any] = {"type": question.kind}
+    if question.kind == "noul":
+        body["noul"] = float(p[0])
+    elif question.kind == "choice":
+        body["choice"] = answer.top_name
+        body["probabilities"] = {name: float(v) for name, v in zip(names, p, strict=True)}
+        body["confidence"] = choice_confidence(p)
+    else:
+        body["score"] = score_expectation(p)
+        assert isinstance(wire, ScoreQuestion)
+        body["legend"] = {name: level for name, level in zip(names, wire.criteria, strict=True)}
+        body["probabilities"] = {name: float(v) for name, v in zip(names, p, strict=True)}
+        body["confidence"] = score_confidence(p)
+    if summary.stderr is not None:
+        stderr = summary.stderr
+        body["x_stderr"] = (
+            float(stderr[0])
+            if question.kind == "noul"
+            else {n: float(s) for n, s in zip(names, stderr, strict=True)}
+        )
+        body["x_agreement"] = summary.agreement
+    body["x_entropy"] = summary.entropy
+    body["x_label_mass"] = answer.label_mass
+    body["x_reads"] = summary.draws
+    return body
+
+
+def to_response(result: DecisionResult, request: SystemOneRequest, model: str) -> dict[str, Any]:
+    """The System One response body: answers keyed by id (null when not asked) and integer usage.
+
+    Score legends echo the levels exactly as the request gave them.
+    """
+    answers = {
+        qid: None if answer is None else _answer(answer, request.questions[qid])
+        for qid, answer in result.answers.items()
+    }
+    return {
+        "model": model,
+        "answers": answers,
+        "usage": {"input_tokens": int(result.input_tokens), "output_tokens": int(result.output_tokens)},
+    }

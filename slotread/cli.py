@@ -1,0 +1,110 @@
+"""The ``slotread`` command: thin argparse front-ends over the public Python API.
+
+Exit codes: 0 success, 2 invalid request (the 422 detail on stderr), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from slotread.errors import InvalidRequest, SlotreadError
+
+
+def _read_request(source: str) -> Any:
+    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest.at(["body", exc.pos], f"invalid JSON: {exc.msg}", "json_invalid") from None
+
+
+def _decide(args: argparse.Namespace) -> int:
+    from slotread.decider import Decider
+
+    request = _read_request(args.request)
+    if args.seed is not None and isinstance(request, dict):
+        request["x_seed"] = args.seed
+    decider = Decider(args.model, cache_dir=args.cache_dir)
+    print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
+    return 0
+
+
+def _models_list(args: argparse.Namespace) -> int:
+    from slotread.models.load import list_models
+
+    rows = list_models(args.cache_dir)
+    width = max(len(row.name) for row in rows)
+    for row in rows:
+        status = f"cached at {row.path}" if row.cached else "not cached (fetched on first use)"
+        print(f"{row.name:<{width}}  {row.description}\n{'':<{width}}  {status}")
+    return 0
+
+
+def _models_tiny(args: argparse.Namespace) -> int:
+    from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
+
+    path = write_tiny_diffusion_gemma(Path(args.out), cache_dir=args.cache_dir, seed=args.seed)
+    print(f"wrote a tiny random-weight DiffusionGemma to {path}; use it with --model {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="slotread", description=__doc__)
+    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ...)")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where fetched models are kept (default: $SLOTREAD_CACHE, else ~/.cache/slotread)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    decide = commands.add_parser("decide", help="answer one System One request and print the response JSON")
+    decide.add_argument("request", nargs="?", default="-", help="request JSON file, or - for stdin (default)")
+    decide.add_argument(
+        "--model",
+        default=None,
+        help="registry name, checkpoint dir or .gguf file (default: qwen2.5-coder-1.5b-instruct)",
+    )
+    decide.add_argument("--seed", type=int, default=None, help="noise seed (sets the request's x_seed)")
+    decide.set_defaults(run=_decide)
+
+    models = commands.add_parser("models", help="list registry models, or write a tiny test model")
+    model_commands = models.add_subparsers(dest="models_command", required=True)
+    listing = model_commands.add_parser("list", help="show the registry models and which are cached")
+    listing.set_defaults(run=_models_list)
+    tiny = model_commands.add_parser("tiny", help="write a tiny random-weight checkpoint")
+    tiny.add_argument("architecture", choices=["diffusion-gemma"], help="which architecture")
+    tiny.add_argument("--out", required=True, help="directory to write the checkpoint to")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    tiny.set_defaults(run=_models_tiny)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "model", "") is None:
+        from slotread.models.registry import DEFAULT_MODEL
+
+        args.model = DEFAULT_MODEL
+    try:
+        code: int = args.run(args)
+    except InvalidRequest as exc:
+        print(json.dumps({"detail": exc.detail}, ensure_ascii=False, indent=2), file=sys.stderr)
+        return 2
+    except SlotreadError as exc:
+        print(f"slotread: {exc}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

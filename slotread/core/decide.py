@@ -1,0 +1,151 @@
+"""Answer a Decision: plan the stages, render the reads, call the engine, aggregate the draws.
+
+Isolated reads (the default) give each question its own prompt and canvas, so adding, removing,
+renaming or reordering other questions cannot move its answer: its noise seeds come from the request
+seed and its own token ids, never from its id or position. ``joint`` packs the questions of a stage
+into one DiffusionGemma canvas instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from slotread.core.aggregate import aggregate_draws
+from slotread.core.answers import Answer
+from slotread.core.plan import is_asked, plan_stages
+from slotread.core.questions import Decision, Question
+from slotread.engines.base import Engine, ReadRequest, SlotScores
+from slotread.errors import PromptTooLong
+from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
+
+#: samples="auto": a question whose first read has a normalised entropy above this is re-read ...
+AUTO_ENTROPY = 0.5
+#: ... up to this many draws in all.
+AUTO_DRAWS = 4
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    """Answers keyed by question id in request order (None: not asked), and what the reads cost.
+
+    ``input_tokens`` counts prompt and canvas tokens once per read unit; ``output_tokens`` counts the
+    slots read, once per draw.
+    """
+
+    answers: dict[str, Answer | None]
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class _Unit:
+    """One rendered read (a branch or a joint canvas) and the questions of its slots, with its draws."""
+
+    rendered: Rendered
+    questions: tuple[Question, ...]
+    scores: list[SlotScores]
+
+
+def question_text(question: Question, renderer: Renderer) -> QuestionText:
+    """The model-facing text of a question, with the labels this tokenizer offers."""
+    alphabet = renderer.alphabet
+    n = len(question.options)
+    labels = {"noul": alphabet.yes_no, "choice": alphabet.choice(n), "score": alphabet.score(n)}[
+        question.kind
+    ]
+    options = tuple(OptionText(o.name, o.description) for o in question.options)
+    return QuestionText(question.kind, question.instructions, options, labels)
+
+
+def _answer_text(answer: Answer | None) -> str:
+    """How an earlier answer reads in a later prompt."""
+    if answer is None:
+        return "(not asked)"
+    option = answer.question.options[answer.top]
+    if answer.question.kind == "noul":
+        return "Yes" if answer.top == 0 else "No"
+    if answer.question.kind == "score":
+        return f"{option.name}" + (f" ({option.description})" if option.description else "")
+    return option.name
+
+
+def _earlier(
+    group: tuple[Question, ...], decision: Decision, answers: dict[str, Answer | None], renderer: Renderer
+) -> tuple[EarlierAnswer, ...]:
+    """The earlier answers the group's questions depend on, in request order; unasked ones say so."""
+    wanted = {p for q in group for p in q.depends_on}
+    return tuple(
+        EarlierAnswer(question_text(q, renderer), _answer_text(answers[q.id]))
+        for q in decision.questions
+        if q.id in wanted
+    )
+
+
+def _seed(request_seed: int, draw: int, rendered: Rendered) -> int:
+    """A noise seed from the request seed, the draw index and the read's own token ids."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(f"{request_seed}:{draw}:".encode())
+    for segment in rendered.prompt:
+        digest.update(np.asarray(segment, dtype=np.int64).tobytes())
+    digest.update(np.asarray(rendered.canvas, dtype=np.int64).tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def _read(engine: Engine, units: list[_Unit], seed: int, draws: range) -> None:
+    """Read ``draws`` for every unit in one engine call and append the scores to each unit."""
+    requests: list[ReadRequest] = [
+        u.rendered.with_seed(_seed(seed, d, u.rendered)) for u in units for d in draws
+    ]
+    scores = engine.read(requests)
+    for index, unit in enumerate(units):
+        unit.scores += scores[index * len(draws) : (index + 1) * len(draws)]
+
+
+def _summarise(unit: _Unit) -> list[Answer]:
+    answers = []
+    for slot, question in enumerate(unit.questions):
+        summary = aggregate_draws([s.logits[slot] for s in unit.scores])
+        mass = float(np.mean([s.label_mass[slot] for s in unit.scores]))
+        answers.append(Answer(question, summary, mass))
+    return answers
+
+
+def decide(
+    decision: Decision, engine: Engine, renderer: Renderer, max_tokens: int | None = None
+) -> DecisionResult:
+    """Answer every question of ``decision`` with ``engine``; raises PromptTooLong before any read."""
+    limit = min(engine.max_tokens, max_tokens or engine.max_tokens)
+    noisy = engine.noisy
+    draws = 1 if not noisy or decision.samples == "auto" else int(decision.samples)
+    answers: dict[str, Answer | None] = {q.id: None for q in decision.questions}
+    input_tokens = output_tokens = 0
+    for stage in plan_stages(decision.questions):
+        asked = tuple(q for q in stage if is_asked(q, answers))
+        if not asked:
+            continue
+        groups = [asked] if decision.joint and renderer.family == "diffusion" else [(q,) for q in asked]
+        units = []
+        for group in groups:
+            texts = tuple(question_text(q, renderer) for q in group)
+            earlier = _earlier(group, decision, answers, renderer)
+            if len(group) == 1:
+                rendered = renderer.render_branch(texts[0], decision.state, decision.instructions, earlier)
+            else:
+                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier)
+            if rendered.tokens > limit:
+                raise PromptTooLong(rendered.tokens, limit)
+            units.append(_Unit(rendered, group, []))
+        _read(engine, units, decision.seed, range(draws))
+        if decision.samples == "auto" and noisy:
+            uncertain = [u for u in units if any(a.summary.entropy > AUTO_ENTROPY for a in _summarise(u))]
+            if uncertain:
+                _read(engine, uncertain, decision.seed, range(1, AUTO_DRAWS))
+        for unit in units:
+            input_tokens += unit.rendered.tokens
+            output_tokens += len(unit.questions) * len(unit.scores)
+            for answer in _summarise(unit):
+                answers[answer.question.id] = answer
+    return DecisionResult(answers, input_tokens, output_tokens)

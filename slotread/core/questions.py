@@ -1,0 +1,69 @@
+"""The core's view of a decision: questions, their options, stages and read options.
+
+These values are built by ``slotread.api`` from a wire request after validation, and hold text
+already rendered for the model (objects as JSON). Question ids are caller data: they key the
+answers and the dependencies, and never reach the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["noul", "choice", "score"]
+Samples = int | Literal["auto"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a question: its caller-given name (returned byte for byte) and description text.
+
+    For a noul the options are ``yes`` then ``no``; for a score they are the levels, low to high,
+    named ``"0"``, ``"1"``, ... with the level text as description.
+    """
+
+    name: str
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class Condition:
+    """``ask_if``: ask only if the answer to ``question`` is one of ``answers`` (option names)."""
+
+    question: str
+    answers: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Question:
+    """One bounded question.
+
+    ``depends_on`` lists earlier questions whose answers this one sees in its prompt; every
+    ``ask_if`` condition must hold for the question to be asked (otherwise its answer is null).
+    """
+
+    id: str
+    kind: Kind
+    instructions: str | None
+    options: tuple[Option, ...]
+    depends_on: tuple[str, ...] = ()
+    ask_if: tuple[Condition, ...] = ()
+
+    @property
+    def prerequisites(self) -> tuple[str, ...]:
+        """Every earlier question this one needs answered first."""
+        ids = list(self.depends_on)
+        ids += [c.question for c in self.ask_if if c.question not in ids]
+        return tuple(ids)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A whole request: the state text, the questions in caller order, and how to read them."""
+
+    state: str
+    questions: tuple[Question, ...]
+    instructions: str | None = None
+    seed: int = 0
+    samples: Samples = 1
+    joint: bool = False

@@ -1,0 +1,87 @@
+"""The Python entry point: ``Decider(model=...).decide(request) -> response``.
+
+Wires the parts: a model from ``slotread.models``, the engine for its family, the renderer for its
+tokenizer, and the System One wire format on both ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
+
+from slotread.api import systemone
+from slotread.core.decide import decide
+from slotread.engines.base import Engine
+from slotread.engines.causal import CausalEngine
+from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.errors import ModelLoadError, UnknownModel
+from slotread.models.load import LoadedModel, load_model
+from slotread.models.registry import DEFAULT_MODEL
+from slotread.prompt.render import Renderer
+
+logger = logging.getLogger(__name__)
+
+#: Model names a request may give besides the served model's own name.
+MODEL_ALIASES = ("jev-latest",)
+
+
+def make_engine(loaded: LoadedModel) -> Engine:
+    """The in-process engine for a loaded model's family."""
+    if isinstance(loaded.model, DiffusionGemmaForBlockDiffusion):
+        return DiffusionGemmaEngine(loaded.model)
+    if loaded.family == "causal" and isinstance(loaded.model, PreTrainedModel):
+        return CausalEngine(loaded.model)
+    raise ModelLoadError(loaded.name, f"no in-process engine reads a {type(loaded.model).__name__}")
+
+
+class Decider:
+    """Answers System One requests with one model, in process.
+
+    ``model`` is a registry name (see ``slotread models list``), a local Hugging Face checkpoint
+    directory, a ``.gguf`` file, or a ``LoadedModel`` built elsewhere (tests, custom models).
+    Loading fails with ModelLoadError naming the model and the reason, including a tokenizer that
+    cannot provide the single-token labels slotread reads.
+    """
+
+    def __init__(
+        self,
+        model: str | LoadedModel = DEFAULT_MODEL,
+        *,
+        cache_dir: Path | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_questions: int = systemone.DEFAULT_MAX_QUESTIONS,
+        max_samples: int = systemone.DEFAULT_MAX_SAMPLES,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
+        loaded = (
+            model
+            if isinstance(model, LoadedModel)
+            else load_model(model, cache_dir=cache_dir, device=device, dtype=dtype)
+        )
+        self.name = loaded.name
+        self.engine = make_engine(loaded)
+        try:
+            self.renderer = Renderer(loaded.tokenizer, self.engine.family)
+        except ValueError as exc:
+            raise ModelLoadError(loaded.name, str(exc)) from exc
+        self.max_questions = max_questions
+        self.max_samples = max_samples
+        self.max_prompt_tokens = max_prompt_tokens
+        logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
+
+    def decide(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer a System One request body; returns the response body.
+
+        Raises InvalidRequest (with FastAPI-style ``detail``), UnknownModel or PromptTooLong.
+        """
+        wire = systemone.parse_request(request)
+        if wire.model is not None and wire.model not in (self.name, *MODEL_ALIASES):
+            raise UnknownModel(wire.model, [self.name, *MODEL_ALIASES])
+        decision = systemone.to_decision(wire, max_questions=self.max_questions, max_samples=self.max_samples)
+        result = decide(decision, self.engine, self.renderer, self.max_prompt_tokens)
+        return systemone.to_response(result, wire, self.name)

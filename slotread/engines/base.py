@@ -1,0 +1,79 @@
+"""The engine contract: token ids in, per-slot label logits out.
+
+An engine knows token ids, positions and noise seeds; it knows nothing of wire formats, questions
+or prompt text. Every model family implements the one method ``Engine.read``.
+
+A read is one forward over ``prompt + canvas``:
+
+* causal models read slot ``i`` from the logits at position ``i - 1`` (next-token prediction);
+  the canvas is the reply prefix followed by the slot, and nothing after the first slot is fed.
+* DiffusionGemma encodes the prompt into a KV cache, replaces each slot of the canvas by a noise
+  token drawn from ``seed``, and reads every slot at its own position in one decoder step.
+
+``prompt`` is split into segments: an engine may cache the KV of every prefix that ends on a
+segment boundary (for example the system text, then the state), so reads sharing those segments
+share that work. Splitting changes nothing in the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+Family = Literal["causal", "diffusion"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One answer slot: its index in the canvas and the token ids of its labels, in option order."""
+
+    position: int
+    label_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One read: prompt segments, the canvas, its slots, and the noise seed (diffusion only)."""
+
+    prompt: tuple[tuple[int, ...], ...]
+    canvas: tuple[int, ...]
+    slots: tuple[Slot, ...]
+    seed: int = 0
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        """The whole prompt as one id sequence."""
+        return tuple(token for segment in self.prompt for token in segment)
+
+
+@dataclass(frozen=True)
+class SlotScores:
+    """What a read returns, per slot in request order.
+
+    ``logits[i]`` holds the float32 logits of slot i's label ids (same order as ``label_ids``);
+    ``label_mass[i]`` is the probability the full vocabulary softmax puts on those labels together;
+    ``argmax_is_label[i]`` says whether the vocabulary argmax at the slot is one of the labels.
+    """
+
+    logits: tuple[np.ndarray, ...]
+    label_mass: tuple[float, ...]
+    argmax_is_label: tuple[bool, ...]
+
+
+class Engine(Protocol):
+    """Reads label logits at answer slots.
+
+    ``read`` returns one ``SlotScores`` per request, in order. Results are deterministic for a fixed
+    seed, and a request's result does not depend on the other requests in the call (exact to 1e-5
+    in float32 on the CPU; each engine documents its tolerance elsewhere).
+    """
+
+    family: Family
+    #: True when reads depend on ``seed`` (noise at the slots), so repeated draws carry information.
+    noisy: bool
+    #: the most prompt + canvas tokens one read may have
+    max_tokens: int
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]: ...

@@ -1,0 +1,67 @@
+"""Every exception slotread raises.
+
+    SlotreadError                  base class; never raised itself
+    ├── InvalidRequest             the caller's request is malformed (HTTP 422, CLI exit 2);
+    │                              carries FastAPI-style ``detail`` items {loc, msg, type}
+    ├── PromptTooLong              a rendered prompt exceeds the model's limit (HTTP 413)
+    ├── UnknownModel               the request names a model this server does not serve (HTTP 404)
+    └── ModelLoadError             a model cannot be fetched, verified or loaded, or its tokenizer
+                                   cannot provide the labels slotread needs; says which model and why
+
+Only the edges (cli, the server) turn these into exit codes or status codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class ErrorDetail(TypedDict):
+    """One validation problem, in pydantic/FastAPI's shape."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class SlotreadError(Exception):
+    """Base class of every error slotread raises on purpose."""
+
+
+class InvalidRequest(SlotreadError):
+    """The request is malformed; ``detail`` lists every problem found, each located."""
+
+    def __init__(self, detail: list[ErrorDetail]) -> None:
+        self.detail = detail
+        super().__init__("; ".join(f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in detail))
+
+    @classmethod
+    def at(cls, loc: list[Any], msg: str, type: str = "value_error") -> InvalidRequest:
+        """One problem at one location."""
+        return cls([{"loc": list(loc), "msg": msg, "type": type}])
+
+
+class PromptTooLong(SlotreadError):
+    """A rendered prompt has more tokens than the model (or the configured limit) accepts."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        self.tokens = tokens
+        self.limit = limit
+        super().__init__(f"the prompt has {tokens} tokens; the limit is {limit}")
+
+
+class UnknownModel(SlotreadError):
+    """The request names a model that is not served here."""
+
+    def __init__(self, name: str, served: list[str]) -> None:
+        self.name = name
+        super().__init__(f"model {name!r} is not served here; available: {', '.join(served)}")
+
+
+class ModelLoadError(SlotreadError):
+    """A model cannot be fetched, verified or loaded; the message names the model and the reason."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"cannot load model {model!r}: {reason}")

@@ -1,0 +1,130 @@
+"""Load a model by registry name, checkpoint directory or ``.gguf`` file, ready to read.
+
+* A registry name is fetched (``fetch``) and converted (``convert``) on first use into
+  ``<cache>/models/<name>``, then loaded from there.
+* A ``.gguf`` file is converted once into ``<cache>/models/<stem>-<sha256 prefix>``; the file is
+  hashed on every load (about a second per GB) so an edited file is converted again.
+* A directory is loaded as it is. Its ``config.json`` decides the class: model type
+  ``diffusion_gemma`` loads as ``DiffusionGemmaForBlockDiffusion`` (family "diffusion"), anything
+  else as ``AutoModelForCausalLM`` (family "causal").
+
+Nothing here reaches a model hub: every transformers call passes ``local_files_only=True``. Every
+failure raises ModelLoadError naming the model and the reason; slotread needs a tokenizer with a
+chat template, so a checkpoint without one is refused here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DiffusionGemmaForBlockDiffusion,
+    PreTrainedTokenizerBase,
+)
+
+from slotread.errors import ModelLoadError
+from slotread.models.convert import convert_gguf, is_converted
+from slotread.models.fetch import default_cache_dir, fetch_artifact, sha256_file
+from slotread.models.registry import REGISTRY, Family
+
+# What transformers raises on missing, malformed or mismatched checkpoint files.
+_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)
+# Without one of these, AutoTokenizer quietly builds an empty tokenizer from the model type.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model in eval mode on its device, its tokenizer, and the engine family that reads it."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    family: Family
+
+
+@dataclass(frozen=True)
+class ModelListing:
+    """One registry model as ``slotread models list`` shows it."""
+
+    name: str
+    description: str
+    #: whether the converted checkpoint is in the cache (else it is fetched on first use)
+    cached: bool
+    path: Path
+
+
+def load_model(
+    spec: str, *, cache_dir: Path | None = None, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> LoadedModel:
+    """Load a registry model, a checkpoint directory or a ``.gguf`` file; ``spec`` becomes its name.
+
+    ``cache_dir`` defaults to ``$SLOTREAD_CACHE``, else ``~/.cache/slotread``.
+    """
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    return _load_checkpoint(_checkpoint_dir(spec, cache), spec, device, dtype)
+
+
+def list_models(cache_dir: Path | None = None) -> list[ModelListing]:
+    """Every registry model, and whether its converted checkpoint is already cached."""
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    listings = []
+    for model in REGISTRY.values():
+        directory = cache / "models" / model.name
+        listings.append(
+            ModelListing(model.name, model.description, is_converted(directory, model.gguf.sha256), directory)
+        )
+    return listings
+
+
+def _checkpoint_dir(spec: str, cache: Path) -> Path:
+    """The checkpoint directory ``spec`` names, fetching and converting first where needed."""
+    if spec in REGISTRY:
+        entry = REGISTRY[spec]
+        directory = cache / "models" / entry.name
+        if not is_converted(directory, entry.gguf.sha256):
+            gguf = fetch_artifact(entry.gguf, cache, model=spec)
+            convert_gguf(gguf, directory, model=spec, source_sha256=entry.gguf.sha256)
+        return directory
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        digest = sha256_file(path)
+        directory = cache / "models" / f"{path.stem}-{digest[:12]}"
+        return convert_gguf(path, directory, model=spec, source_sha256=digest)
+    if path.exists():
+        raise ModelLoadError(spec, "not a checkpoint directory or a .gguf file")
+    raise ModelLoadError(
+        spec, f"no registry model, directory or file has this name; registry models: {', '.join(REGISTRY)}"
+    )
+
+
+def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype) -> LoadedModel:
+    """Tokenizer first (cheap to refuse), then the weights in the class the config names."""
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except _LOAD_ERRORS as exc:
+        raise ModelLoadError(name, f"{directory} has no readable config.json: {exc}") from exc
+    if not any((directory / file).is_file() for file in _TOKENIZER_FILES):
+        raise ModelLoadError(name, f"{directory} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except _LOAD_ERRORS as exc:
+        raise ModelLoadError(name, f"{directory} has no loadable tokenizer: {exc}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(name, f"the tokenizer in {directory} has no chat template")
+    family: Family = "diffusion" if config.model_type == "diffusion_gemma" else "causal"
+    model_class = DiffusionGemmaForBlockDiffusion if family == "diffusion" else AutoModelForCausalLM
+    try:
+        model = model_class.from_pretrained(directory, dtype=dtype, device_map=device, local_files_only=True)
+    except _LOAD_ERRORS as exc:
+        raise ModelLoadError(name, f"cannot load the weights in {directory}: {exc}") from exc
+    model.eval().requires_grad_(False)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family)

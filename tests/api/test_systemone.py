@@ -1,0 +1,248 @@
+"""Validation and shaping of the System One wire format (no model needed)."""
+
+from typing import Any
+
+import pytest
+
+from slotread.api.systemone import parse_request, render_state, render_text, to_decision
+from slotread.errors import InvalidRequest
+
+
+def decision(body: Any, **limits: int):
+    return to_decision(parse_request(body), **limits)
+
+
+def problems(body: Any, **limits: int) -> list[dict[str, Any]]:
+    with pytest.raises(InvalidRequest) as caught:
+        decision(body, **limits)
+    detail = caught.value.detail
+    assert detail and all({"loc", "msg", "type"} <= set(d) and d["loc"][0] == "body" for d in detail)
+    return list(detail)
+
+
+def locs(body: Any, **limits: int) -> list[list[Any]]:
+    return [d["loc"] for d in problems(body, **limits)]
+
+
+CHOICE = {"type": "choice", "criteria": {"red": None, "green": "the colour of grass"}}
+
+
+def test_ids_are_any_non_empty_string_and_keep_order() -> None:
+    ids = ["plain", "with space", "dots.in.id", "한국어", "🙂", "x" * 300]
+    d = decision({"state": "s", "questions": {i: {"type": "noul"} for i in ids}})
+    assert [q.id for q in d.questions] == ids
+
+
+def test_option_names_round_trip_byte_for_byte() -> None:
+    names = ["Café", "cafe\u0301", "  padded  ", "UPPER", "upper", "a\nb", "😀"]
+    d = decision({"state": "s", "questions": {"q": {"type": "choice", "criteria": dict.fromkeys(names)}}})
+    assert [o.name for o in d.questions[0].options] == names
+
+
+def test_descriptions_render_objects_as_json_not_repr() -> None:
+    assert render_text({"a": [1, "é"], "b": None}) == '{"a": [1, "é"], "b": null}'
+    assert render_text(["x", True]) == '["x", true]'
+    assert render_text("verbatim {not json}") == "verbatim {not json}"
+    assert render_text(None) is None
+    d = decision(
+        {
+            "state": "s",
+            "instructions": {"role": "triage"},
+            "questions": {
+                "q": {"type": "choice", "instructions": ["be", "brief"], "criteria": {"a": {"k": 1}, "b": []}}
+            },
+        }
+    )
+    assert d.instructions == '{"role": "triage"}'
+    assert d.questions[0].instructions == '["be", "brief"]'
+    assert [o.description for o in d.questions[0].options] == ['{"k": 1}', "[]"]
+
+
+def test_state_string_is_verbatim_and_anything_else_is_json() -> None:
+    assert render_state("  as is\n") == "  as is\n"
+    assert render_state({"user": "Ana", "n": 3}) == '{"user": "Ana", "n": 3}'
+    assert render_state(None) == "null"
+    assert decision({"state": [1, 2], "questions": {"q": {"type": "noul"}}}).state == "[1, 2]"
+
+
+def test_noul_criteria_become_yes_and_no_options() -> None:
+    d = decision({"state": "s", "questions": {"q": {"type": "noul", "criteria": {"true": "urgent"}}}})
+    assert [(o.name, o.description) for o in d.questions[0].options] == [("yes", "urgent"), ("no", None)]
+    d = decision({"state": "s", "questions": {"q": {"type": "noul", "criteria": None}}})
+    assert [o.name for o in d.questions[0].options] == ["yes", "no"]
+
+
+def test_score_levels_are_indexed_low_to_high() -> None:
+    d = decision({"state": "s", "questions": {"q": {"type": "score", "criteria": ["low", "mid", "high"]}}})
+    assert [(o.name, o.description) for o in d.questions[0].options] == [
+        ("0", "low"),
+        ("1", "mid"),
+        ("2", "high"),
+    ]
+
+
+def test_unknown_top_level_fields_are_ignored_and_options_parsed() -> None:
+    d = decision(
+        {
+            "state": "s",
+            "questions": {"q": {"type": "noul"}},
+            "model": "jev-latest",
+            "something_new": {"x": 1},
+            "x_seed": 7,
+            "x_samples": "auto",
+            "joint": True,
+        }
+    )
+    assert (d.seed, d.samples, d.joint) == (7, "auto", True)
+    assert (
+        decision({"state": "s", "questions": {"q": {"type": "noul"}}, "x_joint": False, "joint": True}).joint
+        is False
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ([], ["body"]),
+        ("text", ["body"]),
+        ({"questions": {"q": {"type": "noul"}}}, ["body", "state"]),
+        ({"state": "s"}, ["body", "questions"]),
+        ({"state": "s", "questions": {}}, ["body", "questions"]),
+        ({"state": "s", "questions": []}, ["body", "questions"]),
+        ({"state": "s", "questions": {"": {"type": "noul"}}}, ["body", "questions"]),
+        ({"state": "s", "questions": {"q": {}}}, ["body", "questions", "q"]),
+        ({"state": "s", "questions": {"q": "noul"}}, ["body", "questions", "q"]),
+        ({"state": "s", "questions": {"q": {"type": "rank"}}}, ["body", "questions", "q"]),
+        (
+            {"state": "s", "questions": {"q": {"type": "choice"}}},
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}},
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
+        (
+            {
+                "state": "s",
+                "questions": {"q": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}},
+            },
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "choice", "criteria": ["a", "b"]}}},
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": 1, "b": None}}}},
+            ["body", "questions", "q", "choice", "criteria", "a"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "score", "criteria": ["one"]}}},
+            ["body", "questions", "q", "score", "criteria"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "score", "criteria": [str(i) for i in range(11)]}}},
+            ["body", "questions", "q", "score", "criteria"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "score", "criteria": {"a": 1}}}},
+            ["body", "questions", "q", "score", "criteria"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "noul", "criteria": {"maybe": "x"}}}},
+            ["body", "questions", "q", "noul", "criteria", "maybe"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "noul", "criteria": "yes means yes"}}},
+            ["body", "questions", "q", "noul", "criteria"],
+        ),
+        (
+            {"state": "s", "questions": {"q": {"type": "noul", "instructions": 5}}},
+            ["body", "questions", "q", "noul", "instructions"],
+        ),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_seed": "7"}, ["body", "x_seed"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_samples": 0}, ["body", "x_samples"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_samples": 33}, ["body", "x_samples"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_samples": "many"}, ["body", "x_samples"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_joint": "yes"}, ["body", "x_joint"]),
+    ],
+)
+def test_malformed_requests_are_located(body: Any, where: list[Any]) -> None:
+    found = locs(body)
+    assert any(loc[: len(where)] == where for loc in found), found
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    body = {
+        "state": "s",
+        "questions": {
+            "a": {"type": "choice", "criteria": {"x": None}},
+            "b": {"type": "score", "criteria": ["1"]},
+        },
+    }
+    assert len(problems(body)) == 2
+
+
+def test_question_limit_is_enforced() -> None:
+    body = {"state": "s", "questions": {str(i): {"type": "noul"} for i in range(5)}}
+    assert locs(body, max_questions=4) == [["body", "questions"]]
+    assert len(decision(body, max_questions=5).questions) == 5
+
+
+def test_dependencies_must_name_earlier_questions() -> None:
+    body = {
+        "state": "s",
+        "questions": {
+            "first": {"type": "noul", "depends_on": "later"},
+            "later": {"type": "noul", "depends_on": ["first", "nope"]},
+        },
+    }
+    assert locs(body) == [
+        ["body", "questions", "first", "depends_on", 0],
+        ["body", "questions", "later", "depends_on", 1],
+    ]
+
+
+def test_ask_if_values_must_be_answers_of_the_named_question() -> None:
+    body = {
+        "state": "s",
+        "questions": {
+            "kind": CHOICE,
+            "urgent": {"type": "noul"},
+            "level": {"type": "score", "criteria": ["low", "high"]},
+            "a": {"type": "noul", "ask_if": {"kind": ["red", "blue"]}},
+            "b": {"type": "noul", "ask_if": {"urgent": [True, "maybe"]}},
+            "c": {"type": "noul", "ask_if": {"level": [1, 2, "high", "mid"]}},
+            "d": {"type": "noul", "ask_if": {"nobody": ["x"]}},
+            "e": {"type": "noul", "ask_if": {"kind": []}},
+        },
+    }
+    assert locs(body) == [
+        ["body", "questions", "a", "ask_if", "kind", 1],
+        ["body", "questions", "b", "ask_if", "urgent", 1],
+        ["body", "questions", "c", "ask_if", "level", 1],
+        ["body", "questions", "c", "ask_if", "level", 3],
+        ["body", "questions", "d", "ask_if", "nobody"],
+        ["body", "questions", "e", "ask_if", "kind"],
+    ]
+
+
+def test_ask_if_maps_values_to_option_names() -> None:
+    body = {
+        "state": "s",
+        "questions": {
+            "kind": CHOICE,
+            "urgent": {"type": "noul"},
+            "level": {"type": "score", "criteria": ["low", "high"]},
+            "q": {
+                "type": "noul",
+                "ask_if": {"kind": ["green"], "urgent": [False], "level": ["high", 0]},
+                "depends_on": ["kind", "kind"],
+            },
+        },
+    }
+    question = decision(body).questions[-1]
+    conditions = {c.question: c.answers for c in question.ask_if}
+    assert conditions == {"kind": {"green"}, "urgent": {"no"}, "level": {"1", "0"}}
+    assert question.depends_on == ("kind",)
+    assert question.prerequisites == ("kind", "urgent", "level")

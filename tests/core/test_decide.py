@@ -1,0 +1,206 @@
+"""Whole decisions on real engines: isolation, seeds, stages, draws, shapes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slotread.api.systemone import parse_request, to_decision
+from slotread.core.decide import decide
+from slotread.decider import Decider
+from slotread.engines.base import Engine, ReadRequest, SlotScores
+from slotread.errors import PromptTooLong, UnknownModel
+from slotread.models.load import LoadedModel
+
+
+class RecordingEngine:
+    """A real engine that also keeps every request it was asked to read."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.family = engine.family
+        self.noisy = engine.noisy
+        self.max_tokens = engine.max_tokens
+        self.requests: list[ReadRequest] = []
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        self.requests += requests
+        return self.engine.read(requests)
+
+
+@pytest.fixture(scope="module", params=["smollm2", "tiny_diffusion"])
+def decider(request: pytest.FixtureRequest) -> Decider:
+    loaded: LoadedModel = request.getfixturevalue(request.param)
+    return Decider(loaded)
+
+
+QUESTIONS: dict[str, Any] = {
+    "urgent": {
+        "type": "noul",
+        "instructions": "Is the customer in a hurry?",
+        "criteria": {"true": "they need it today"},
+    },
+    "intent": {
+        "type": "choice",
+        "instructions": "What does the customer want?",
+        "criteria": {"refund": "money back", "replacement": {"what": "a new card"}, "Other ": None},
+    },
+    "mood": {
+        "type": "score",
+        "instructions": "How upset are they?",
+        "criteria": ["calm", "annoyed", "furious"],
+    },
+}
+STATE = "My card never arrived and I need to pay rent tomorrow. Send a new one now!"
+
+
+def answers(decider: Decider, questions: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    response = decider.decide({"state": STATE, "questions": questions, **extra})
+    return response["answers"]
+
+
+def assert_finite(value: Any) -> None:
+    if isinstance(value, dict):
+        for item in value.values():
+            assert_finite(item)
+    elif isinstance(value, float):
+        assert math.isfinite(value)
+
+
+def test_answer_shapes(decider: Decider) -> None:
+    response = decider.decide({"state": STATE, "questions": QUESTIONS})
+    assert response["model"] == decider.name
+    assert set(response["usage"]) == {"input_tokens", "output_tokens"}
+    assert all(type(v) is int and v > 0 for v in response["usage"].values())
+    got = response["answers"]
+    assert list(got) == list(QUESTIONS)
+    assert got["urgent"]["type"] == "noul" and type(got["urgent"]["noul"]) is float
+    assert "confidence" not in got["urgent"] and 0 <= got["urgent"]["noul"] <= 1
+    intent = got["intent"]
+    assert list(intent["probabilities"]) == ["refund", "replacement", "Other "]
+    assert intent["choice"] == max(intent["probabilities"], key=intent["probabilities"].get)
+    mood = got["mood"]
+    assert mood["legend"] == {"0": "calm", "1": "annoyed", "2": "furious"}
+    p = np.array(list(mood["probabilities"].values()))
+    assert mood["score"] == pytest.approx(float(np.dot(np.arange(3), p)))
+    for answer in (intent, mood):
+        assert abs(sum(answer["probabilities"].values()) - 1) < 1e-6
+        assert 0 <= answer["confidence"] <= 1
+    assert_finite(got)
+
+
+def assert_close(got: Any, expected: Any, tolerance: float = 1e-5) -> None:
+    """Equal answers up to the engines' batch-composition tolerance (1e-5 in float32)."""
+    if isinstance(expected, dict):
+        assert isinstance(got, dict) and list(got) == list(expected)
+        for key in expected:
+            assert_close(got[key], expected[key], tolerance)
+    elif isinstance(expected, float):
+        assert got == pytest.approx(expected, abs=tolerance)
+    else:
+        assert got == expected
+
+
+def test_renaming_reordering_and_adding_questions_moves_no_answer(decider: Decider) -> None:
+    base = answers(decider, QUESTIONS)
+    renamed = {f"renamed {qid} 🙂": q for qid, q in reversed(QUESTIONS.items())}
+    renamed["extra.question"] = {"type": "noul", "instructions": "Is it about a loan?"}
+    moved = answers(decider, renamed)
+    for qid in QUESTIONS:
+        assert_close(moved[f"renamed {qid} 🙂"], base[qid])
+
+
+def recorded(decider: Decider, body: dict[str, Any]) -> list[ReadRequest]:
+    """The engine requests one decision makes."""
+    recorder = RecordingEngine(decider.engine)
+    decide(to_decision(parse_request(body)), recorder, decider.renderer)
+    return recorder.requests
+
+
+def test_question_ids_never_reach_the_model(decider: Decider) -> None:
+    requests = recorded(decider, {"state": STATE, "questions": {"SECRETIDENTIFIER": {"type": "noul"}}})
+    tokenizer = decider.renderer.tokenizer
+    for request in requests:
+        assert "SECRETIDENTIFIER" not in tokenizer.decode([*request.prompt_ids, *request.canvas])
+
+
+def test_same_seed_same_answer(decider: Decider) -> None:
+    first = answers(decider, QUESTIONS, x_seed=11)
+    assert answers(decider, QUESTIONS, x_seed=11) == first
+    if decider.engine.noisy:
+        assert answers(decider, QUESTIONS, x_seed=12)["intent"] != first["intent"]
+
+
+def test_255_options_and_10_levels(decider: Decider) -> None:
+    questions = {
+        "wide": {"type": "choice", "criteria": {f"option {i}": None for i in range(255)}},
+        "fine": {"type": "score", "criteria": [f"level {i}" for i in range(10)]},
+    }
+    got = answers(decider, questions)
+    assert len(got["wide"]["probabilities"]) == 255
+    assert list(got["fine"]["probabilities"]) == [str(i) for i in range(10)]
+    for answer in got.values():
+        assert abs(sum(answer["probabilities"].values()) - 1) < 1e-6
+    assert 0 <= got["fine"]["score"] <= 9
+    assert_finite(got)
+
+
+def test_unasked_question_is_null_and_dependants_see_earlier_answers(decider: Decider) -> None:
+    first = answers(decider, {"urgent": QUESTIONS["urgent"]})["urgent"]["noul"]
+    top = "yes" if first >= 0.5 else "no"
+    other = "no" if top == "yes" else "yes"
+    questions = {
+        "urgent": QUESTIONS["urgent"],
+        "asked": {"type": "noul", "ask_if": {"urgent": [top]}, "instructions": "Escalate?"},
+        "skipped": {"type": "noul", "ask_if": {"urgent": [other]}},
+        "after_skip": {"type": "noul", "ask_if": {"skipped": [True, False]}},
+    }
+    got = answers(decider, questions)
+    assert got["skipped"] is None and got["after_skip"] is None
+    assert got["asked"]["type"] == "noul"
+    with_context = {
+        "urgent": QUESTIONS["urgent"],
+        "q": {"type": "noul", "depends_on": "urgent", "instructions": "x?"},
+    }
+    last = recorded(decider, {"state": STATE, "questions": with_context})[-1]
+    text = decider.renderer.tokenizer.decode(last.prompt_ids)
+    assert f"- Is the customer in a hurry? {top.capitalize()}" in text
+
+
+def test_prompt_too_long_is_refused_before_reading(decider: Decider) -> None:
+    recorder = RecordingEngine(decider.engine)
+    decision = to_decision(parse_request({"state": STATE * 20, "questions": {"q": {"type": "noul"}}}))
+    with pytest.raises(PromptTooLong):
+        decide(decision, recorder, decider.renderer, max_tokens=64)
+    assert recorder.requests == []
+
+
+def test_unknown_model_is_refused_and_aliases_accepted(decider: Decider) -> None:
+    with pytest.raises(UnknownModel):
+        decider.decide({"model": "gpt-9", "state": "s", "questions": {"q": {"type": "noul"}}})
+    for name in ("jev-latest", decider.name):
+        assert decider.decide({"model": name, "state": "s", "questions": {"q": {"type": "noul"}}})["answers"][
+            "q"
+        ]
+
+
+def test_draws_report_spread_only_when_there_are_several(decider: Decider) -> None:
+    got = answers(decider, QUESTIONS, x_samples=3)
+    for answer in got.values():
+        if decider.engine.noisy:
+            assert answer["x_reads"] == 3 and "x_stderr" in answer and 0 <= answer["x_agreement"] <= 1
+        else:
+            assert answer["x_reads"] == 1 and "x_stderr" not in answer
+    assert set(got["intent"].get("x_stderr", {})) <= set(got["intent"]["probabilities"])
+
+
+def test_auto_samples_reread_only_uncertain_questions(decider: Decider) -> None:
+    got = answers(decider, QUESTIONS, x_samples="auto")
+    for answer in got.values():
+        if answer["x_reads"] == 1:
+            assert not decider.engine.noisy or answer["x_entropy"] <= 0.5
+        else:
+            assert decider.engine.noisy and answer["x_reads"] == 4

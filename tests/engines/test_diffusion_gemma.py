@@ -1,0 +1,213 @@
+"""The DiffusionGemma engine against the library's own forward, on a tiny random-weight DiffusionGemma.
+
+The engine knows token ids only, so random ids stand in for prompts, canvases and labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from transformers import DiffusionGemmaForBlockDiffusion
+
+from slotread.engines.base import ReadRequest, Slot, SlotScores
+from slotread.engines.diffusion_gemma import DiffusionGemmaEngine, noise_canvas
+from slotread.engines.prefix_cache import PrefixCache
+from slotread.errors import PromptTooLong
+from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
+
+VOCAB = GEMMA4_VOCAB_SIZE
+WINDOW = 16  # the tiny model's sliding window: prompts of 40 tokens go well past it
+Draw = Callable[[int], tuple[int, ...]]
+
+
+@pytest.fixture(scope="module")
+def model() -> DiffusionGemmaForBlockDiffusion:
+    model = tiny_diffusion_gemma(seed=0)
+    assert model.config.text_config.sliding_window == WINDOW
+    return model
+
+
+@pytest.fixture
+def ids() -> Draw:
+    """Draws random token ids of a given length, the same ones in every test."""
+    generator = torch.Generator().manual_seed(1)
+    return lambda length: tuple(torch.randint(3, VOCAB, (length,), generator=generator).tolist())
+
+
+def make_request(
+    ids: Draw, segments: tuple[int, ...], canvas: int, positions: tuple[int, ...], seed: int = 0
+) -> ReadRequest:
+    """A request with prompt segments of the given lengths and 3 random labels per slot."""
+    return ReadRequest(
+        prompt=tuple(ids(length) for length in segments),
+        canvas=ids(canvas),
+        slots=tuple(Slot(position, ids(3)) for position in positions),
+        seed=seed,
+    )
+
+
+def library_logits(model: DiffusionGemmaForBlockDiffusion, request: ReadRequest) -> torch.Tensor:
+    """The library's full forward on the request's noised canvas: float32 logits (C, V)."""
+    noised = noise_canvas(request.canvas, [slot.position for slot in request.slots], request.seed, VOCAB)
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([request.prompt_ids]), decoder_input_ids=torch.tensor([noised])).logits[0]
+
+
+def max_difference(a: SlotScores, b: SlotScores) -> float:
+    """The largest label-logit difference between two reads of the same request."""
+    assert [x.shape for x in a.logits] == [y.shape for y in b.logits]
+    return max(float(np.abs(x - y).max()) for x, y in zip(a.logits, b.logits, strict=True))
+
+
+def test_tiny_model_keeps_the_real_layer_mix(model: DiffusionGemmaForBlockDiffusion) -> None:
+    config = model.config.text_config
+    assert {"sliding_attention", "full_attention"} <= set(config.layer_types)
+    assert config.layer_types[-1] == "full_attention"
+    head_dims = {config.per_layer_config[i].head_dim for i in range(config.num_hidden_layers)}
+    assert len(head_dims) == 2  # full layers have their own head size
+    assert config.num_experts > config.top_k_experts > 1
+    assert config.final_logit_softcapping == 30.0
+    assert model.lm_head.weight.shape == (VOCAB, config.hidden_size)
+
+
+def test_slot_logits_match_the_library_forward(model: DiffusionGemmaForBlockDiffusion, ids: Draw) -> None:
+    requests = [
+        make_request(ids, (5,), canvas=6, positions=(0, 3, 5), seed=1),
+        make_request(ids, (12, 20, 8), canvas=9, positions=(2, 8), seed=2),  # 40 tokens: past the window
+        make_request(ids, (23,), canvas=4, positions=(1,), seed=3),
+    ]
+    # Let the first slot's labels include the library's argmax, so argmax_is_label is checked both ways.
+    first = requests[0]
+    top = int(library_logits(model, first)[0].argmax())
+    slots = (Slot(0, (ids(1)[0], top)), *first.slots[1:])
+    requests[0] = ReadRequest(first.prompt, first.canvas, slots, first.seed)
+
+    results = DiffusionGemmaEngine(model).read(requests)
+
+    worst_logit, worst_mass = 0.0, 0.0
+    for request, result in zip(requests, results, strict=True):
+        full = library_logits(model, request)  # (C, V)
+        for i, slot in enumerate(request.slots):
+            row = full[slot.position]
+            expected = row[list(slot.label_ids)].numpy()
+            assert result.logits[i].dtype == np.float32
+            worst_logit = max(worst_logit, float(np.abs(result.logits[i] - expected).max()))
+            mass = float(torch.softmax(row.double(), dim=-1)[list(slot.label_ids)].sum())
+            assert 0.0 <= result.label_mass[i] <= 1.0
+            worst_mass = max(worst_mass, abs(result.label_mass[i] - mass) / mass)
+            assert result.argmax_is_label[i] == (int(row.argmax()) in slot.label_ids)
+    assert results[0].argmax_is_label == (True, False, False)
+    print(f"max |engine - library| label logit {worst_logit:.3g}, relative label mass {worst_mass:.3g}")
+    assert worst_logit <= 1e-4
+    assert worst_mass <= 1e-4
+
+
+@pytest.mark.parametrize("max_canvases", [64, 3])
+def test_a_read_is_the_same_alone_and_in_a_padded_batch(
+    model: DiffusionGemmaForBlockDiffusion, ids: Draw, max_canvases: int
+) -> None:
+    long = make_request(ids, (30, 10), canvas=7, positions=(0, 6), seed=5)  # 40 > WINDOW prompt tokens
+    short = make_request(ids, (3,), canvas=2, positions=(1,), seed=6)
+    others = [
+        make_request(ids, (12,), canvas=10, positions=(4,), seed=7),
+        make_request(ids, (17, 9), canvas=3, positions=(0, 1, 2), seed=8),
+        make_request(ids, (6,), canvas=5, positions=(2,), seed=9),
+    ]
+    batch = [others[0], long, others[1], short, others[2]]
+    in_batch = DiffusionGemmaEngine(model, max_canvases=max_canvases).read(batch)
+    for request, result in zip(batch, in_batch, strict=True):
+        alone = DiffusionGemmaEngine(model).read([request])[0]
+        difference = max_difference(alone, result)
+        print(f"prompt {len(request.prompt_ids)}, canvas {len(request.canvas)}: max difference {difference:.3g}")
+        assert difference <= 1e-5
+        np.testing.assert_allclose(alone.label_mass, result.label_mass, rtol=1e-5)
+        assert alone.argmax_is_label == result.argmax_is_label
+
+
+def test_the_seed_fixes_the_noise(model: DiffusionGemmaForBlockDiffusion, ids: Draw) -> None:
+    request = make_request(ids, (9,), canvas=6, positions=(1, 4), seed=7)
+    reseeded = ReadRequest(request.prompt, request.canvas, request.slots, seed=8)
+
+    noised = noise_canvas(request.canvas, [1, 4], 7, VOCAB)
+    assert noised == noise_canvas(request.canvas, [1, 4], 7, VOCAB)
+    assert [noised[p] for p in (0, 2, 3, 5)] == [request.canvas[p] for p in (0, 2, 3, 5)]
+    assert noised[1] != request.canvas[1] and noised[4] != request.canvas[4]
+    other = noise_canvas(request.canvas, [1, 4], 8, VOCAB)
+    assert noised[1] != other[1] and noised[4] != other[4]
+    # A slot's noise depends on its seed and position only, not on the other slots.
+    assert noise_canvas(request.canvas, [4], 7, VOCAB)[4] == noised[4]
+
+    first = DiffusionGemmaEngine(model).read([request])[0]
+    again = DiffusionGemmaEngine(model).read([request])[0]
+    assert max_difference(first, again) == 0.0
+    changed = DiffusionGemmaEngine(model).read([reseeded])[0]
+    assert max_difference(first, changed) > 1e-3
+
+
+def test_one_prompt_shared_by_several_canvases_equals_separate_encodings(
+    model: DiffusionGemmaForBlockDiffusion, ids: Draw
+) -> None:
+    prompt = (ids(25),)
+    shared = [
+        ReadRequest(prompt, ids(canvas), (Slot(canvas - 1, ids(4)),), seed=seed)
+        for seed, canvas in enumerate((4, 4, 7, 2))
+    ]
+    engine = DiffusionGemmaEngine(model)
+    together = engine.read(shared)  # one forward over one prompt: the KV is an expand view
+    assert len(engine.prefix_cache) == 1 and engine.prefix_cache.misses == 1
+
+    stranger = make_request(ids, (40,), canvas=3, positions=(0,), seed=9)
+    mixed = DiffusionGemmaEngine(model).read([*shared, stranger])[: len(shared)]  # padded copies of the KV
+    for request, one, two in zip(shared, together, mixed, strict=True):
+        alone = DiffusionGemmaEngine(model).read([request])[0]  # its own encoding of the prompt
+        assert max_difference(alone, one) <= 1e-5
+        assert max_difference(alone, two) <= 1e-5
+
+
+def test_the_prefix_cache_is_hit_on_a_second_read(model: DiffusionGemmaForBlockDiffusion, ids: Draw) -> None:
+    cache = PrefixCache(max_bytes=2**30)
+    engine = DiffusionGemmaEngine(model, prefix_cache=cache)
+    request = make_request(ids, (20, 7), canvas=5, positions=(2,), seed=3)
+
+    first = engine.read([request])[0]
+    assert cache.hits == 0 and len(cache) == 2  # the state boundary and the whole prompt
+    misses = cache.misses
+    second = engine.read([request])[0]
+    assert (cache.hits, cache.misses) == (1, misses)
+    assert max_difference(first, second) == 0.0
+
+    # A new question after the same first segment resumes from that segment's KV.
+    extended = ReadRequest((request.prompt[0], ids(11)), request.canvas, request.slots, request.seed)
+    resumed = engine.read([extended])[0]
+    assert cache.hits == 2
+    assert max_difference(resumed, DiffusionGemmaEngine(model).read([extended])[0]) <= 1e-5
+
+
+def test_bfloat16_reads_return_float32_close_to_the_library(ids: Draw) -> None:
+    model = tiny_diffusion_gemma(seed=0, dtype=torch.bfloat16)
+    request = make_request(ids, (30,), canvas=5, positions=(0, 4), seed=2)
+    result = DiffusionGemmaEngine(model).read([request])[0]
+    full = library_logits(model, request)
+    for i, slot in enumerate(request.slots):
+        assert result.logits[i].dtype == np.float32
+        # lm_head over the slot rows only rounds differently in bfloat16: about one ulp at |logit| ~ 4
+        np.testing.assert_allclose(result.logits[i], full[slot.position, list(slot.label_ids)], atol=0.1)
+
+
+def test_bad_requests_are_refused(model: DiffusionGemmaForBlockDiffusion, ids: Draw) -> None:
+    engine = DiffusionGemmaEngine(model, max_tokens=32)
+    with pytest.raises(PromptTooLong):
+        engine.read([make_request(ids, (30,), canvas=3, positions=(0,))])
+    bad = [
+        ReadRequest((ids(4),), ids(3), (Slot(3, ids(2)),)),  # slot past the canvas
+        ReadRequest((ids(4),), ids(3), (Slot(0, ()),)),  # no labels
+        ReadRequest((ids(4),), ids(3), (Slot(0, (VOCAB,)),)),  # label outside the vocabulary
+        ReadRequest((ids(4),), ids(3), ()),  # no slots
+        ReadRequest(((),), ids(3), (Slot(0, ids(2)),)),  # empty prompt
+    ]
+    for request in bad:
+        with pytest.raises(ValueError):
+            engine.read([request])

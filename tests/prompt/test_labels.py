@@ -1,0 +1,57 @@
+"""Label alphabets on real tokenizers, verified in the answer template's context."""
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from slotread.errors import ModelLoadError
+from slotread.models.load import LoadedModel
+from slotread.prompt.labels import MAX_CHOICE_OPTIONS, build_alphabet
+from slotread.prompt.render import Renderer
+
+
+@pytest.fixture(scope="module", params=["smollm2", "tiny_diffusion"])
+def renderer(request: pytest.FixtureRequest) -> Renderer:
+    loaded: LoadedModel = request.getfixturevalue(request.param)
+    return Renderer(loaded.tokenizer, loaded.family)
+
+
+def test_255_distinct_single_token_choice_labels(renderer: Renderer) -> None:
+    labels = renderer.alphabet.choice(MAX_CHOICE_OPTIONS)
+    assert len(labels.texts) == len(set(labels.texts)) == MAX_CHOICE_OPTIONS
+    assert len(set(labels.ids)) == MAX_CHOICE_OPTIONS
+    for text, token in zip(labels.texts, labels.ids, strict=True):
+        assert renderer.tokenizer.decode([token]).strip() == text
+
+
+def test_small_choices_use_letters_and_scores_digits(renderer: Renderer) -> None:
+    alphabet = renderer.alphabet
+    assert alphabet.choice(3).texts == ("A", "B", "C")
+    assert alphabet.choice(27).texts[:2] == ("AA", "AB")
+    assert alphabet.score(10).texts == tuple("0123456789")
+    assert alphabet.yes_no.texts == ("Yes", "No")
+
+
+def test_label_is_one_token_after_the_reply_prefix(renderer: Renderer) -> None:
+    tokenizer = renderer.tokenizer
+    for labels in (renderer.alphabet.choice(40), renderer.alphabet.score(10), renderer.alphabet.yes_no):
+        prefix = tokenizer.encode("Answer:" + labels.lead, add_special_tokens=False)
+        for text, token in zip(labels.texts, labels.ids, strict=True):
+            spaced = text if labels.lead else " " + text
+            assert tokenizer.encode("Answer:" + labels.lead + spaced, add_special_tokens=False) == [
+                *prefix,
+                token,
+            ]
+
+
+def test_a_tokenizer_without_enough_labels_fails_at_load() -> None:
+    # A real word-level tokenizer that knows letters and digits but no two-letter tokens.
+    vocab = {
+        t: i
+        for i, t in enumerate(["[UNK]", "Answer", ":", "Yes", "No", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"])
+    }
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    with pytest.raises(ModelLoadError, match="255"):
+        build_alphabet(tokenizer, "Answer:")

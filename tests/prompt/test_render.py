@@ -1,0 +1,122 @@
+"""Prompt rendering through real chat templates and tokenizers."""
+
+import pytest
+
+from slotread.models.load import LoadedModel
+from slotread.prompt.render import CANVAS_BUCKET, EarlierAnswer, OptionText, QuestionText, Renderer
+
+
+@pytest.fixture(scope="module")
+def causal(smollm2: LoadedModel) -> Renderer:
+    return Renderer(smollm2.tokenizer, "causal")
+
+
+@pytest.fixture(scope="module")
+def diffusion(tiny_diffusion: LoadedModel) -> Renderer:
+    return Renderer(tiny_diffusion.tokenizer, "diffusion")
+
+
+def choice(renderer: Renderer, names: list[str], instructions: str | None = "Which intent?") -> QuestionText:
+    options = tuple(OptionText(n, f"about {n}") for n in names)
+    return QuestionText("choice", instructions, options, renderer.alphabet.choice(len(names)))
+
+
+def noul(renderer: Renderer, instructions: str) -> QuestionText:
+    return QuestionText(
+        "noul", instructions, (OptionText("yes", None), OptionText("no", None)), renderer.alphabet.yes_no
+    )
+
+
+def test_causal_read_is_the_natural_tokenisation_of_prompt_and_answer(causal: Renderer) -> None:
+    question = choice(causal, ["refund", "card_lost", "other"])
+    read = causal.render_branch(question, "I lost my card", "Be brief.")
+    (slot,) = read.slots
+    tokenizer = causal.tokenizer
+    for label, token in zip(question.labels.texts, question.labels.ids, strict=True):
+        canvas = [*read.canvas[: slot.position], token]
+        ids = [*read.prompt[0], *read.prompt[1], *canvas]
+        assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids, label
+    assert slot.label_ids == question.labels.ids
+
+
+def test_prompt_holds_the_state_the_options_and_no_extra_text(causal: Renderer) -> None:
+    question = choice(causal, ["refund", "card_lost"])
+    read = causal.render_branch(question, "STATE-TEXT 한국어 🙂", "Be brief.")
+    text = causal.tokenizer.decode([t for segment in read.prompt for t in segment])
+    for expected in (
+        "STATE-TEXT 한국어 🙂",
+        "Be brief.",
+        "A. refund: about refund",
+        "B. card_lost: about card_lost",
+    ):
+        assert expected in text
+    assert causal.tokenizer.decode(read.canvas[: read.slots[0].position]) == "Answer:"
+
+
+def test_the_schema_is_a_prefix_shared_across_states(causal: Renderer, diffusion: Renderer) -> None:
+    for renderer in (causal, diffusion):
+        question = choice(renderer, ["refund", "card_lost"])
+        one = renderer.render_branch(question, "first state")
+        two = renderer.render_branch(question, "a second, longer state")
+        other = renderer.render_branch(choice(renderer, ["refund", "other"]), "first state")
+        assert len(one.prompt) == 2
+        assert one.prompt[0] == two.prompt[0] and one.prompt[1] != two.prompt[1]
+        assert other.prompt[0] != one.prompt[0]
+
+
+def test_segments_split_the_whole_tokenisation_unchanged(causal: Renderer, diffusion: Renderer) -> None:
+    for renderer in (causal, diffusion):
+        read = renderer.render_branch(choice(renderer, ["x", "y"]), "state\n\nwith lines")
+        ids = [t for segment in read.prompt for t in segment]
+        text = renderer.tokenizer.decode(ids)
+        assert renderer.tokenizer.encode(text, add_special_tokens=False) == ids
+
+
+def test_diffusion_canvas_is_answer_slot_turn_end_and_pad(diffusion: Renderer) -> None:
+    question = noul(diffusion, "Is it urgent?")
+    read = diffusion.render_branch(question, "the server is down")
+    (slot,) = read.slots
+    tokenizer = diffusion.tokenizer
+    assert len(read.canvas) % CANVAS_BUCKET == 0
+    assert tokenizer.decode(read.canvas[: slot.position]) == "Answer:"
+    assert read.canvas[slot.position] in question.labels.ids
+    assert tokenizer.convert_ids_to_tokens(read.canvas[slot.position + 1]) == "<turn|>"
+    assert set(read.canvas[slot.position + 2 :]) == {tokenizer.pad_token_id}
+    prompt_text = tokenizer.decode([t for segment in read.prompt for t in segment])
+    assert prompt_text.endswith("<|turn>model\n<|channel>thought\n<channel|>")
+
+
+def test_joint_canvas_has_one_numbered_slot_per_question(diffusion: Renderer) -> None:
+    questions = (
+        noul(diffusion, "Is it urgent?"),
+        choice(diffusion, ["billing", "outage", "other"]),
+        QuestionText(
+            "score",
+            None,
+            tuple(OptionText(str(i), t) for i, t in enumerate("abcde")),
+            diffusion.alphabet.score(5),
+        ),
+    )
+    read = diffusion.render_joint(questions, "the server is down")
+    assert [s.label_ids for s in read.slots] == [q.labels.ids for q in questions]
+    tokenizer = diffusion.tokenizer
+    end = read.canvas.index(tokenizer.convert_tokens_to_ids("<turn|>"))
+    text = tokenizer.decode(read.canvas[:end])
+    assert text.startswith("1: Yes\n2: A\n3:") and text.count("\n") == 2
+    assert tokenizer.encode(text, add_special_tokens=False) == list(read.canvas[:end])
+    prompt_text = tokenizer.decode([t for segment in read.prompt for t in segment])
+    assert "1. Question: Is it urgent?" in prompt_text and "3. Question:" in prompt_text
+
+
+def test_joint_canvas_needs_a_diffusion_model(causal: Renderer) -> None:
+    with pytest.raises(ValueError, match="diffusion"):
+        causal.render_joint((noul(causal, "a?"), noul(causal, "b?")), "s")
+
+
+def test_earlier_answers_follow_the_state(causal: Renderer) -> None:
+    earlier = (EarlierAnswer(noul(causal, "Is it urgent?"), "Yes"),)
+    read = causal.render_branch(noul(causal, "Escalate?"), "the server is down", earlier=earlier)
+    text = causal.tokenizer.decode([t for segment in read.prompt for t in segment])
+    assert (
+        text.index("the server is down") < text.index("- Is it urgent? Yes") < text.index("Answer Yes or No.")
+    )

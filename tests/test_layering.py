@@ -1,0 +1,57 @@
+"""Imports run one way: api -> core -> prompt, engines; the wiring modules sit on top."""
+
+import ast
+from pathlib import Path
+
+import slotread
+
+PACKAGE = Path(slotread.__file__).parent
+
+#: what each layer may import from slotread (besides itself and the shared errors module)
+ALLOWED = {
+    "api": {"core", "prompt"},
+    "core": {"prompt", "engines"},
+    "prompt": {"engines"},
+    "engines": set(),
+    "models": {"engines"},
+}
+
+
+def slotread_imports(path: Path) -> set[str]:
+    """The top-level slotread subpackages or modules a file imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        found |= {name.split(".")[1] for name in names if name.startswith("slotread.")}
+    return found
+
+
+def test_layers_import_one_way() -> None:
+    wrong = []
+    for layer, allowed in ALLOWED.items():
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            for target in slotread_imports(path) - allowed - {layer, "errors"}:
+                wrong.append(f"{path.relative_to(PACKAGE)} imports slotread.{target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_nothing_imports_the_cli() -> None:
+    users = [p for p in PACKAGE.rglob("*.py") if p.name != "cli.py" and "cli" in slotread_imports(p)]
+    assert not users
+
+
+def test_public_surface() -> None:
+    assert slotread.__all__ == [
+        "Decider",
+        "InvalidRequest",
+        "ModelLoadError",
+        "PromptTooLong",
+        "SlotreadError",
+        "UnknownModel",
+    ]
+    for name in slotread.__all__:
+        assert getattr(slotread, name) is not None
