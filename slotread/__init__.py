@@ -1,8 +1,8 @@
 """slotread: typed answers with probabilities, read from a language model's answer slots in one pass.
 
-    from slotread import Decider
-    decider = Decider(model="qwen2.5-coder-1.5b-instruct")
-    decider.decide({"state": "...", "questions": {"urgent": {"type": "noul"}}})
+from slotread import Decider
+decider = Decider(model="qwen2.5-coder-1.5b-instruct")
+decider.decide({"state": "...", "questions": {"urgent": {"type": "noul"}}})
 """
 
 from typing import TYPE_CHECKING, Any

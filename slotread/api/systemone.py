@@ -199,9 +199,7 @@ def to_decision(
         problems.append(_problem(["questions"], msg))
     samples = 1 if request.x_samples is None else request.x_samples
     if samples != "auto" and not 1 <= int(samples) <= max_samples:
-        problems.append(
-            _problem(["x_samples"], f"x_samples must be 1..{max_samples} or 'auto', got {samples}")
-        )
+        problems.append(_problem(["x_samples"], f"x_samples must be 1..{max_samples} or 'auto', got {samples}"))
     questions: dict[str, Question] = {}
     for qid, wire in request.questions.items():
         questions[qid], found = _question(qid, wire, questions)
@@ -240,9 +238,7 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
     if summary.stderr is not None:
         stderr = summary.stderr
         body["x_stderr"] = (
-            float(stderr[0])
-            if question.kind == "noul"
-            else {n: float(s) for n, s in zip(names, stderr, strict=True)}
+            float(stderr[0]) if question.kind == "noul" else {n: float(s) for n, s in zip(names, stderr, strict=True)}
         )
         body["x_agreement"] = summary.agreement
     body["x_entropy"] = summary.entropy

@@ -53,9 +53,7 @@ def question_text(question: Question, renderer: Renderer) -> QuestionText:
     """The model-facing text of a question, with the labels this tokenizer offers."""
     alphabet = renderer.alphabet
     n = len(question.options)
-    labels = {"noul": alphabet.yes_no, "choice": alphabet.choice(n), "score": alphabet.score(n)}[
-        question.kind
-    ]
+    labels = {"noul": alphabet.yes_no, "choice": alphabet.choice(n), "score": alphabet.score(n)}[question.kind]
     options = tuple(OptionText(o.name, o.description) for o in question.options)
     return QuestionText(question.kind, question.instructions, options, labels)
 
@@ -96,9 +94,7 @@ def _seed(request_seed: int, draw: int, rendered: Rendered) -> int:
 
 def _read(engine: Engine, units: list[_Unit], seed: int, draws: range) -> None:
     """Read ``draws`` for every unit in one engine call and append the scores to each unit."""
-    requests: list[ReadRequest] = [
-        u.rendered.with_seed(_seed(seed, d, u.rendered)) for u in units for d in draws
-    ]
+    requests: list[ReadRequest] = [u.rendered.with_seed(_seed(seed, d, u.rendered)) for u in units for d in draws]
     scores = engine.read(requests)
     for index, unit in enumerate(units):
         unit.scores += scores[index * len(draws) : (index + 1) * len(draws)]
@@ -113,9 +109,7 @@ def _summarise(unit: _Unit) -> list[Answer]:
     return answers
 
 
-def decide(
-    decision: Decision, engine: Engine, renderer: Renderer, max_tokens: int | None = None
-) -> DecisionResult:
+def decide(decision: Decision, engine: Engine, renderer: Renderer, max_tokens: int | None = None) -> DecisionResult:
     """Answer every question of ``decision`` with ``engine``; raises PromptTooLong before any read."""
     limit = min(engine.max_tokens, max_tokens or engine.max_tokens)
     noisy = engine.noisy

@@ -35,13 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
-import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from slotread.engines.base import Family, ReadRequest, Slot, SlotScores
+from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
+from slotread.engines.scores import score_slots
 from slotread.errors import ModelLoadError, PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -315,27 +315,3 @@ def _boundaries(prompt: tuple[Ids, ...]) -> list[int]:
         if 0 < end < total and (not lengths or lengths[-1] != end):
             lengths.append(end)
     return lengths
-
-
-def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list[SlotScores]:
-    """Per row of ``logits`` (R, V), the scores of that row's slots: label logits, label mass (the
-    full-vocabulary softmax summed over the distinct label ids) and whether the argmax is a label."""
-    rows = [r for r, row_slots in enumerate(slots) for slot in row_slots for _ in slot.label_ids]
-    cols = [i for row_slots in slots for slot in row_slots for i in slot.label_ids]
-    index = torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)
-    picked = logits[index].cpu().numpy()  # all label logits of all slots, in order
-    log_total = torch.logsumexp(logits, dim=-1).double().cpu().numpy()  # (R,)
-    top = logits.argmax(dim=-1).cpu().numpy()  # (R,)
-    results, offset = [], 0
-    for r, row_slots in enumerate(slots):
-        label_logits, masses, hits = [], [], []
-        for slot in row_slots:
-            values = picked[offset : offset + len(slot.label_ids)]
-            offset += len(slot.label_ids)
-            distinct = values[np.unique(slot.label_ids, return_index=True)[1]].astype(np.float64)
-            peak = distinct.max()
-            masses.append(float(np.exp(peak + np.log(np.exp(distinct - peak).sum()) - log_total[r])))
-            label_logits.append(values.copy())
-            hits.append(int(top[r]) in slot.label_ids)
-        results.append(SlotScores(tuple(label_logits), tuple(masses), tuple(hits)))
-    return results

@@ -43,8 +43,8 @@ from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
-from slotread.engines.causal import score_slots
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
+from slotread.engines.scores import score_slots
 from slotread.errors import PromptTooLong
 
 logger = logging.getLogger(__name__)

@@ -95,8 +95,7 @@ def test_unknown_top_level_fields_are_ignored_and_options_parsed() -> None:
     )
     assert (d.seed, d.samples, d.joint) == (7, "auto", True)
     assert (
-        decision({"state": "s", "questions": {"q": {"type": "noul"}}, "x_joint": False, "joint": True}).joint
-        is False
+        decision({"state": "s", "questions": {"q": {"type": "noul"}}, "x_joint": False, "joint": True}).joint is False
     )
 
 

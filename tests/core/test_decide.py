@@ -182,9 +182,7 @@ def test_unknown_model_is_refused_and_aliases_accepted(decider: Decider) -> None
     with pytest.raises(UnknownModel):
         decider.decide({"model": "gpt-9", "state": "s", "questions": {"q": {"type": "noul"}}})
     for name in ("jev-latest", decider.name):
-        assert decider.decide({"model": name, "state": "s", "questions": {"q": {"type": "noul"}}})["answers"][
-            "q"
-        ]
+        assert decider.decide({"model": name, "state": "s", "questions": {"q": {"type": "noul"}}})["answers"]["q"]
 
 
 def test_draws_report_spread_only_when_there_are_several(decider: Decider) -> None:
@@ -204,3 +202,13 @@ def test_auto_samples_reread_only_uncertain_questions(decider: Decider) -> None:
             assert not decider.engine.noisy or answer["x_entropy"] <= 0.5
         else:
             assert decider.engine.noisy and answer["x_reads"] == 4
+
+
+def test_joint_canvas_reads_a_stage_in_one_read(tiny_diffusion: LoadedModel) -> None:
+    decider = Decider(tiny_diffusion)
+    body = {"state": STATE, "questions": QUESTIONS, "x_joint": True, "x_samples": 2}
+    requests = recorded(decider, body)
+    assert len(requests) == 2 and all(len(r.slots) == 3 for r in requests)
+    got = decider.decide(body)["answers"]
+    assert list(got) == list(QUESTIONS) and all(a["x_reads"] == 2 for a in got.values())
+    assert got != answers(decider, QUESTIONS, x_samples=2)

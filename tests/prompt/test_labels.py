@@ -46,10 +46,7 @@ def test_label_is_one_token_after_the_reply_prefix(renderer: Renderer) -> None:
 
 def test_a_tokenizer_without_enough_labels_fails_at_load() -> None:
     # A real word-level tokenizer that knows letters and digits but no two-letter tokens.
-    vocab = {
-        t: i
-        for i, t in enumerate(["[UNK]", "Answer", ":", "Yes", "No", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"])
-    }
+    vocab = {t: i for i, t in enumerate(["[UNK]", "Answer", ":", "Yes", "No", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")

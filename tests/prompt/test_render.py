@@ -3,7 +3,7 @@
 import pytest
 
 from slotread.models.load import LoadedModel
-from slotread.prompt.render import CANVAS_BUCKET, EarlierAnswer, OptionText, QuestionText, Renderer
+from slotread.prompt.render import CANVAS_BUCKET, EarlierAnswer, Layout, OptionText, QuestionText, Renderer
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +53,20 @@ def test_prompt_holds_the_state_the_options_and_no_extra_text(causal: Renderer) 
     assert causal.tokenizer.decode(read.canvas[: read.slots[0].position]) == "Answer:"
 
 
-def test_the_schema_is_a_prefix_shared_across_states(causal: Renderer, diffusion: Renderer) -> None:
-    for renderer in (causal, diffusion):
-        question = choice(renderer, ["refund", "card_lost"])
-        one = renderer.render_branch(question, "first state")
-        two = renderer.render_branch(question, "a second, longer state")
-        other = renderer.render_branch(choice(renderer, ["refund", "other"]), "first state")
-        assert len(one.prompt) == 2
-        assert one.prompt[0] == two.prompt[0] and one.prompt[1] != two.prompt[1]
-        assert other.prompt[0] != one.prompt[0]
+@pytest.mark.parametrize("layout", ["schema_first", "state_first"])
+def test_the_cacheable_prefix_follows_the_layout(causal: Renderer, diffusion: Renderer, layout: Layout) -> None:
+    for family in (causal, diffusion):
+        renderer = Renderer(family.tokenizer, family.family, layout)
+        question, other_question = choice(renderer, ["refund", "card_lost"]), choice(renderer, ["refund", "other"])
+        one = renderer.render_branch(question, "first state", "Be brief.")
+        two = renderer.render_branch(question, "a second, longer state", "Be brief.")
+        other = renderer.render_branch(other_question, "first state", "Be brief.")
+        # template head, instructions, then schema and request in the layout's order
+        assert len(one.prompt) == 4 and one.prompt[:2] == two.prompt[:2] == other.prompt[:2]
+        # the third segment is shared by reads of one question (schema first) or one state (state first)
+        shared, differing = (two, other) if layout == "schema_first" else (other, two)
+        assert one.prompt[2] == shared.prompt[2] and one.prompt[2] != differing.prompt[2]
+        assert one.prompt[3] != shared.prompt[3]
 
 
 def test_segments_split_the_whole_tokenisation_unchanged(causal: Renderer, diffusion: Renderer) -> None:
@@ -117,6 +122,4 @@ def test_earlier_answers_follow_the_state(causal: Renderer) -> None:
     earlier = (EarlierAnswer(noul(causal, "Is it urgent?"), "Yes"),)
     read = causal.render_branch(noul(causal, "Escalate?"), "the server is down", earlier=earlier)
     text = causal.tokenizer.decode([t for segment in read.prompt for t in segment])
-    assert (
-        text.index("the server is down") < text.index("- Is it urgent? Yes") < text.index("Answer Yes or No.")
-    )
+    assert text.index("the server is down") < text.index("- Is it urgent? Yes") < text.index("Answer Yes or No.")

@@ -1,0 +1,69 @@
+"""The slotread command line, run in process on the tiny DiffusionGemma."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slotread.cli import main
+
+REQUEST = {"state": "the server is down", "questions": {"urgent": {"type": "noul"}}}
+
+
+def test_decide_prints_the_response(tiny_diffusion_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(REQUEST))
+    assert main(["decide", "--model", str(tiny_diffusion_dir), "--seed", "5", str(request)]) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert set(response["answers"]) == {"urgent"} and type(response["answers"]["urgent"]["noul"]) is float
+    assert main(["decide", "--model", str(tiny_diffusion_dir), "--seed", "5", str(request)]) == 0
+    assert json.loads(capsys.readouterr().out) == response
+    assert main(["decide", "--model", str(tiny_diffusion_dir), "--seed", "6", str(request)]) == 0
+    assert json.loads(capsys.readouterr().out) != response
+
+
+def test_decide_reads_stdin(tiny_diffusion_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(json.dumps(REQUEST)))
+    assert main(["decide", "--model", str(tiny_diffusion_dir)]) == 0
+    assert "urgent" in json.loads(capsys.readouterr().out)["answers"]
+
+
+@pytest.mark.parametrize(
+    ("text", "loc"),
+    [
+        ('{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": null}}}}', ["body", "questions", "q", "choice", "criteria"]),
+        ('{"state": "s", "questions": ', ["body", 27]),
+    ],
+)
+def test_an_invalid_request_exits_2_with_the_detail_on_stderr(
+    tiny_diffusion_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, loc: list[object]
+) -> None:
+    request = tmp_path / "bad.json"
+    request.write_text(text)
+    assert main(["decide", "--model", str(tiny_diffusion_dir), str(request)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert json.loads(captured.err)["detail"][0]["loc"] == loc
+
+
+def test_an_unloadable_model_exits_1_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(REQUEST))
+    assert main(["decide", "--model", "no-such-model", str(request)]) == 1
+    assert "no-such-model" in capsys.readouterr().err
+
+
+def test_models_list_names_the_registry(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cache-dir", str(cache_dir), "models", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", "gemma-3-270m"):
+        assert name in out
+
+
+def test_models_tiny_writes_a_loadable_checkpoint(cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tiny"
+    assert main(["--cache-dir", str(cache_dir), "models", "tiny", "diffusion-gemma", "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(REQUEST))
+    assert main(["--cache-dir", str(cache_dir), "decide", "--model", str(out), str(request)]) == 0
