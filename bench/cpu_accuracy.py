@@ -53,11 +53,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="model to measure")
     parser.add_argument("--items", type=int, default=80, help="items per row")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="weights dtype")
     default_data = Path(os.environ.get("SLOTREAD_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     parser.add_argument("--data-dir", type=Path, default=default_data, help="$SLOTREAD_DATA, else ../shared/data")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    decider = Decider(args.model)
+    decider = Decider(args.model, dtype=getattr(torch, args.dtype))
     rows = []
     for name, items in (
         ("SST-5 polar, yes/no", polar_reviews(args.data_dir, args.items)),
@@ -82,7 +83,7 @@ def main() -> None:
         near += abs(top - level) <= 1
         count += 1
     rows.append(("SST-5, 5-level score", count, f"{exact / count:.1%}", f"{near / count:.1%}", seconds / count))
-    print(f"\n{args.model}, {torch.get_num_threads()} threads")
+    print(f"\n{args.model} {args.dtype}, {torch.get_num_threads()} threads")
     print(f"{'set':<22} {'items':>5} {'accuracy':>9} {'within 1':>9} {'s/item':>7}")
     for name, count, accuracy, within, per_item in rows:
         print(f"{name:<22} {count:>5} {accuracy:>9} {within:>9} {per_item:>7.2f}")

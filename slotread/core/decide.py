@@ -110,7 +110,11 @@ def _summarise(unit: _Unit) -> list[Answer]:
 
 
 def decide(decision: Decision, engine: Engine, renderer: Renderer, max_tokens: int | None = None) -> DecisionResult:
-    """Answer every question of ``decision`` with ``engine``; raises PromptTooLong before any read."""
+    """Answer every question of ``decision`` with ``engine``.
+
+    Raises PromptTooLong before a stage reads anything if one of its reads exceeds ``max_tokens`` (or
+    the engine's own limit).
+    """
     limit = min(engine.max_tokens, max_tokens or engine.max_tokens)
     noisy = engine.noisy
     draws = 1 if not noisy or decision.samples == "auto" else int(decision.samples)

@@ -3,9 +3,10 @@
 Each option is read through one label token: choices use letters (A-Z) up to 26 options and
 two-letter labels (AA, AB, ... skipping pairs that are not one token) beyond that, scores use the
 digits 0-9, nouls Yes/No. A label is usable only if appending it to the reply prefix adds exactly one
-token and leaves the prefix's tokens (and the text after the slot) as they were. Whether the space
-before the label belongs to the label token (" A" in most BPE vocabularies) or to the prefix (Qwen
-and Gemma split digits off the space) is decided per tokenizer and label kind.
+token and leaves the prefix's tokens (and the text after the slot) as they were. After a reply
+prefix such as "Answer:", whether the space before the label belongs to the label token (" A" in
+most BPE vocabularies) or to the prefix (Qwen and Gemma split digits off the space) is decided per
+tokenizer and label kind; at the start of a reply the label is bare.
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ YES_NO = ("Yes", "No")
 
 @dataclass(frozen=True)
 class LabelSet:
-    """Labels of one kind as shown in the prompt, their token ids, and the text before each label.
+    """Labels of one kind as shown in the prompt, their token ids, and how they follow the reply prefix.
 
-    ``lead`` is " " when the space before the label ends the reply prefix (so the label token has
-    no space), "" when the label token carries its own leading space.
+    ``lead`` is text appended to the reply prefix before the slot (" " when the tokenizer splits the
+    space off, as Qwen and Gemma do before digits); ``spaced`` says whether the label token itself
+    starts with a space (" A" after "Answer:"; not after a newline, where the label is bare).
     """
 
     texts: tuple[str, ...]
     ids: tuple[int, ...]
     lead: str
+    spaced: bool
 
     def take(self, n: int) -> LabelSet:
         """The first n labels."""
-        return LabelSet(self.texts[:n], self.ids[:n], self.lead)
+        return LabelSet(self.texts[:n], self.ids[:n], self.lead, self.spaced)
 
 
 @dataclass(frozen=True)
@@ -60,34 +63,43 @@ class Alphabet:
         return self.digits.take(n)
 
 
-def _single_token_form(tokenizer: PreTrainedTokenizerBase, prefix: str, label: str, after: str) -> dict[str, int]:
-    """For each lead ("" or " ") under which ``label`` is one token in context, that token's id.
+Form = tuple[str, bool]  # (lead, spaced), as in LabelSet
 
-    Lead "" appends " " + label to the prefix (the label token carries the space); lead " " appends
-    the space to the prefix and then the bare label.
+
+def _forms(prefix: str) -> tuple[Form, ...]:
+    """The ways a label may follow ``prefix``, most natural first.
+
+    After whitespace (or at the very start of the reply) the label is bare; after other text it
+    carries a space, either inside its token (" A") or split off into the prefix (" " then "3").
     """
-    forms: dict[str, int] = {}
+    if not prefix or prefix[-1].isspace():
+        return (("", False),)
+    return (("", True), (" ", False))
+
+
+def _single_token_forms(tokenizer: PreTrainedTokenizerBase, prefix: str, label: str, after: str) -> dict[Form, int]:
+    """For each form under which ``label`` is one token in context, that token's id."""
+    found: dict[Form, int] = {}
     after_ids = tokenizer.encode(after, add_special_tokens=False) if after else []
-    for lead in ("", " "):
+    for lead, spaced in _forms(prefix):
         head = tokenizer.encode(prefix + lead, add_special_tokens=False)
-        text = prefix + lead + (label if lead else " " + label) + after
-        whole = tokenizer.encode(text, add_special_tokens=False)
+        whole = tokenizer.encode(prefix + lead + (" " if spaced else "") + label + after, add_special_tokens=False)
         one_more = len(whole) == len(head) + 1 + len(after_ids)
         in_context = whole[: len(head)] == head and whole[len(head) + 1 :] == after_ids
         if one_more and in_context and whole[len(head)] != tokenizer.unk_token_id:
-            forms[lead] = whole[len(head)]
-    return forms
+            found[(lead, spaced)] = whole[len(head)]
+    return found
 
 
 def _label_set(tokenizer: PreTrainedTokenizerBase, prefix: str, after: str, candidates: tuple[str, ...]) -> LabelSet:
-    """The candidates that are single tokens under the lead that admits the most of them."""
-    found: dict[str, list[tuple[str, int]]] = {"": [], " ": []}
+    """The candidates that are single tokens under the form that admits the most of them."""
+    forms = _forms(prefix)
+    found: dict[Form, list[tuple[str, int]]] = {form: [] for form in forms}
     for label in candidates:
-        for lead, token in _single_token_form(tokenizer, prefix, label, after).items():
-            found[lead].append((label, token))
-    lead = max(found, key=lambda k: (len(found[k]), k == ""))
-    pairs = found[lead]
-    return LabelSet(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), lead)
+        for form, token in _single_token_forms(tokenizer, prefix, label, after).items():
+            found[form].append((label, token))
+    best = max(forms, key=lambda form: (len(found[form]), -forms.index(form)))
+    return LabelSet(tuple(p[0] for p in found[best]), tuple(p[1] for p in found[best]), *best)
 
 
 def build_alphabet(tokenizer: PreTrainedTokenizerBase, prefix: str, after: str = "") -> Alphabet:

@@ -1,16 +1,26 @@
 """Render questions through the model's own chat template into token ids, slots and label ids.
 
-The prompt layout is fixed (layouts change answers) and schema-first, so that one question's text
-is a prompt prefix shared by every state it is asked about and can be cached:
+A prompt is cut into segments an engine may cache the KV of (template head, request instructions,
+then the schema and the request in the family's fixed layout, see ``LAYOUTS``):
 
-    [chat template head] [request instructions] [question + options]   <- segment 1: the schema
-    [the state] [earlier answers] [reply instruction] [template tail]  <- segment 2: this request
-    canvas: [reply prefix "Answer:"] [slot] (+ "<turn|>" and pad on DiffusionGemma)
+    causal, state first:      [head] [instructions] [state, earlier answers]
+                              [question + options, reply instruction, template tail] | canvas: <slot>
+    diffusion, schema first:  [head] [instructions] [question + options]
+                              [Input: state, earlier answers, reply instruction, template tail,
+                               empty thought block] | canvas: Answer: <slot> <turn|> pad...
 
-A causal model reads the slot as its next token after the reply prefix. DiffusionGemma gets the
-empty thought block after the template tail (outside the canvas) and reads every slot of a fixed
-length canvas in one decoder step. A joint canvas (DiffusionGemma only) numbers the questions in
-one prompt and puts one "n: <slot>" line per question in the canvas.
+A causal model reads the slot as the first token of its reply; the questions of one decision are
+branches sharing the state's KV. DiffusionGemma reads every slot of a fixed-length canvas in one
+decoder step, and one question's schema is a prefix shared by every state it is asked about. A joint
+canvas (DiffusionGemma only) numbers the questions in one prompt and puts one "n: <slot>" line per
+question in the canvas.
+
+Why the causal prompt looks as it does: small chat models are very sensitive to it. Measured with
+qwen2.5-coder-1.5b-instruct (bf16, CPU) on 40 clearly polar SST-5 reviews as a yes/no read, the
+question before the review scored 67.5% (a strong "Yes" bias), after it 87.5%; a "Question:" label
+on the question 55%, none 85%; the review under an "Input:" label 75%, bare 87.5%; the slot after
+"Answer:" 82.5%, as the first token of the reply 87.5%. The same variants on 40 BoolQ passages
+moved between 60% and 72.5%.
 
 This module knows text and tokenizers, not wire formats or engines' internals.
 """
@@ -26,7 +36,10 @@ from transformers import PreTrainedTokenizerBase
 from slotread.engines.base import Family, ReadRequest, Slot
 from slotread.prompt.labels import Alphabet, LabelSet, build_alphabet
 
-REPLY_PREFIX = "Answer:"
+#: The reply text before the slot. A causal model's slot is the first token of its reply (measured, see
+#: the module docstring). The DiffusionGemma canvas keeps "Answer:" so that joint canvases ("1: A",
+#: "2: Yes") and single ones read alike (no real diffusion weights here to measure).
+REPLY_PREFIX: dict[Family, str] = {"causal": "", "diffusion": "Answer:"}
 #: DiffusionGemma's empty thought block, placed after the generation prompt, outside the canvas.
 THOUGHT_BLOCK = "<|channel>thought\n<channel|>"
 TURN_END = "<turn|>"
@@ -35,8 +48,12 @@ CANVAS_BUCKET = 16
 
 QuestionKind = Literal["noul", "choice", "score"]
 Layout = Literal["schema_first", "state_first"]
-#: The prompt layout per family, fixed because the layout changes answers. LAYOUT_NOTE
-LAYOUTS: dict[Family, Layout] = {"causal": "schema_first", "diffusion": "schema_first"}
+#: The prompt layout per family, fixed because the layout changes answers. Causal: the question after
+#: the state, because small chat models answer what they read last (20 points better, see the module
+#: docstring), which outweighs caching the schema; the branches of one decision still share the
+#: state's KV. DiffusionGemma reads bidirectionally: schema first, so one schema's KV serves every
+#: state it is asked about.
+LAYOUTS: dict[Family, Layout] = {"causal": "state_first", "diffusion": "schema_first"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +119,7 @@ def heading(question: QuestionText) -> str:
 
 def question_block(question: QuestionText) -> str:
     """The schema text of one question: its instructions and one line per option."""
-    lines = [f"Question: {heading(question)}"]
+    lines = [heading(question)]
     if question.kind == "noul":
         yes, no = question.options
         if yes.description:
@@ -146,7 +163,9 @@ class Renderer:
         self.family = family
         self.layout: Layout = layout or LAYOUTS[family]
         self._after_slot = TURN_END if family == "diffusion" else ""
-        prefix = REPLY_PREFIX if family == "diffusion" else self._template("Question?") + REPLY_PREFIX
+        self.reply_prefix = REPLY_PREFIX[family]
+        # the label context: what precedes the slot in a causal read, or the canvas alone in a diffusion one
+        prefix = self.reply_prefix if family == "diffusion" else self._template("Question?") + self.reply_prefix
         self.alphabet: Alphabet = build_alphabet(tokenizer, prefix, self._after_slot)
 
     def _template(self, content: str) -> str:
@@ -182,13 +201,15 @@ class Renderer:
         """The prompt ids in cacheable segments: template head, instructions, then schema and request
         in the layout's order."""
         head = f"{instructions}\n\n" if instructions else ""
-        request = f"Input:\n{state}\n"
+        # A state-first prompt opens with the bare state (measured better); after a schema the state
+        # needs a label to mark where it starts.
+        request = state + "\n" if self.layout == "state_first" else f"Input:\n{state}\n"
         if earlier:
             request += "\nEarlier answers:\n" + "".join(f"- {heading(a.question)} {a.answer}\n" for a in earlier)
         if self.layout == "schema_first":
             parts = [head, schema + "\n\n", request + "\n" + reply]
         else:
-            parts = [head, request + "\n", schema + "\n\n" + reply]
+            parts = [head, request + "\n", schema + "\n" + reply]
         content = "".join(parts)
         text = self._template(content)
         start = text.find(content)
@@ -197,7 +218,7 @@ class Renderer:
         return self._segments(text, [start, start + len(parts[0]), start + len(parts[0]) + len(parts[1])])
 
     def _causal_canvas(self, labels: LabelSet) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
-        canvas = self._encode(REPLY_PREFIX + labels.lead)
+        canvas = self._encode(self.reply_prefix + labels.lead) if self.reply_prefix + labels.lead else []
         return (*canvas, labels.ids[0]), (Slot(len(canvas), labels.ids),)
 
     def _diffusion_canvas(self, lines: list[tuple[str, LabelSet]]) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
@@ -227,7 +248,7 @@ class Renderer:
         """One question alone in its own prompt and canvas (the isolated read)."""
         prompt = self._prompt(question_block(question), state, instructions, earlier, reply_instruction(question))
         if self.family == "diffusion":
-            canvas, slots = self._diffusion_canvas([(REPLY_PREFIX, question.labels)])
+            canvas, slots = self._diffusion_canvas([(self.reply_prefix, question.labels)])
         else:
             canvas, slots = self._causal_canvas(question.labels)
         return Rendered(prompt, canvas, slots)

@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerFast
 from slotread.errors import ModelLoadError
 from slotread.models.load import LoadedModel
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS, build_alphabet
-from slotread.prompt.render import Renderer
+from slotread.prompt.render import OptionText, QuestionText, Renderer
 
 
 @pytest.fixture(scope="module", params=["smollm2", "tiny_diffusion"])
@@ -34,14 +34,21 @@ def test_small_choices_use_letters_and_scores_digits(renderer: Renderer) -> None
 
 def test_label_is_one_token_after_the_reply_prefix(renderer: Renderer) -> None:
     tokenizer = renderer.tokenizer
+    noul = QuestionText("noul", None, (OptionText("yes", None), OptionText("no", None)), renderer.alphabet.yes_no)
+    read = renderer.render_branch(noul, "s")
+    prompt = tokenizer.decode([token for segment in read.prompt for token in segment])
+    context = renderer.reply_prefix if renderer.family == "diffusion" else prompt
     for labels in (renderer.alphabet.choice(40), renderer.alphabet.score(10), renderer.alphabet.yes_no):
-        prefix = tokenizer.encode("Answer:" + labels.lead, add_special_tokens=False)
+        prefix = tokenizer.encode(context + labels.lead, add_special_tokens=False)
         for text, token in zip(labels.texts, labels.ids, strict=True):
-            spaced = text if labels.lead else " " + text
-            assert tokenizer.encode("Answer:" + labels.lead + spaced, add_special_tokens=False) == [
-                *prefix,
-                token,
-            ]
+            label = (" " if labels.spaced else "") + text
+            assert tokenizer.encode(context + labels.lead + label, add_special_tokens=False) == [*prefix, token]
+
+
+def test_labels_start_a_causal_reply_bare(smollm2: LoadedModel) -> None:
+    alphabet = Renderer(smollm2.tokenizer, "causal").alphabet
+    assert (alphabet.letters.lead, alphabet.letters.spaced) == ("", False)
+    assert smollm2.tokenizer.convert_ids_to_tokens(list(alphabet.yes_no.ids)) == ["Yes", "No"]
 
 
 def test_a_tokenizer_without_enough_labels_fails_at_load() -> None:

@@ -50,7 +50,8 @@ def test_prompt_holds_the_state_the_options_and_no_extra_text(causal: Renderer) 
         "B. card_lost: about card_lost",
     ):
         assert expected in text
-    assert causal.tokenizer.decode(read.canvas[: read.slots[0].position]) == "Answer:"
+    assert read.slots[0].position == 0 and read.canvas == (question.labels.ids[0],)
+    assert text.index("STATE-TEXT") < text.index("Which intent?")
 
 
 @pytest.mark.parametrize("layout", ["schema_first", "state_first"])
@@ -110,7 +111,7 @@ def test_joint_canvas_has_one_numbered_slot_per_question(diffusion: Renderer) ->
     assert text.startswith("1: Yes\n2: A\n3:") and text.count("\n") == 2
     assert tokenizer.encode(text, add_special_tokens=False) == list(read.canvas[:end])
     prompt_text = tokenizer.decode([t for segment in read.prompt for t in segment])
-    assert "1. Question: Is it urgent?" in prompt_text and "3. Question:" in prompt_text
+    assert "1. Is it urgent?" in prompt_text and "3. Where does the input fall on this scale?" in prompt_text
 
 
 def test_joint_canvas_needs_a_diffusion_model(causal: Renderer) -> None:
@@ -118,8 +119,9 @@ def test_joint_canvas_needs_a_diffusion_model(causal: Renderer) -> None:
         causal.render_joint((noul(causal, "a?"), noul(causal, "b?")), "s")
 
 
-def test_earlier_answers_follow_the_state(causal: Renderer) -> None:
-    earlier = (EarlierAnswer(noul(causal, "Is it urgent?"), "Yes"),)
-    read = causal.render_branch(noul(causal, "Escalate?"), "the server is down", earlier=earlier)
-    text = causal.tokenizer.decode([t for segment in read.prompt for t in segment])
-    assert text.index("the server is down") < text.index("- Is it urgent? Yes") < text.index("Answer Yes or No.")
+def test_earlier_answers_follow_the_state(causal: Renderer, diffusion: Renderer) -> None:
+    for renderer in (causal, diffusion):
+        earlier = (EarlierAnswer(noul(renderer, "Is it urgent?"), "Yes"),)
+        read = renderer.render_branch(noul(renderer, "Escalate?"), "the server is down", earlier=earlier)
+        text = renderer.tokenizer.decode([t for segment in read.prompt for t in segment])
+        assert text.index("the server is down") < text.index("- Is it urgent? Yes") < text.index("Answer Yes or No.")
