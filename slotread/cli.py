@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slotread.api.systemone import parse_request, to_decision
 from slotread.errors import InvalidRequest, SlotreadError
+from slotread.models.registry import DEFAULT_MODEL
 
 
 def _read_request(source: str) -> Any:
@@ -24,12 +26,15 @@ def _read_request(source: str) -> Any:
 
 
 def _decide(args: argparse.Namespace) -> int:
+    import torch
+
     from slotread.decider import Decider
 
     request = _read_request(args.request)
     if args.seed is not None and isinstance(request, dict):
         request["x_seed"] = args.seed
-    decider = Decider(args.model, cache_dir=args.cache_dir)
+    to_decision(parse_request(request))  # refuse a bad request before loading the model
+    decider = Decider(args.model, cache_dir=args.cache_dir, dtype=getattr(torch, args.dtype))
     print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
     return 0
 
@@ -68,11 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     decide = commands.add_parser("decide", help="answer one System One request and print the response JSON")
     decide.add_argument("request", nargs="?", default="-", help="request JSON file, or - for stdin (default)")
     decide.add_argument(
-        "--model",
-        default=None,
-        help="registry name, checkpoint dir or .gguf file (default: qwen2.5-coder-1.5b-instruct)",
+        "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
     )
     decide.add_argument("--seed", type=int, default=None, help="noise seed (sets the request's x_seed)")
+    decide.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
+    )
     decide.set_defaults(run=_decide)
 
     models = commands.add_parser("models", help="list registry models, or write a tiny test model")
@@ -91,10 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "model", "") is None:
-        from slotread.models.registry import DEFAULT_MODEL
-
-        args.model = DEFAULT_MODEL
     try:
         code: int = args.run(args)
     except InvalidRequest as exc:
