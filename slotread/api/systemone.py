@@ -89,6 +89,12 @@ class SystemOneRequest(BaseModel):
     questions: dict[str, WireQuestion]
     instructions: Description = None
     joint: StrictBool | None = None
+    # vLLM's extensions: the server echoes request_id in its response header and queues by priority
+    # (lower first); cache_salt isolates prefix caches between tenants, and the in-process engines'
+    # caches are private to this server, so it is checked and otherwise has no effect here.
+    request_id: str | None = None
+    cache_salt: str | None = None
+    priority: StrictInt = 0
     x_joint: StrictBool | None = None
     x_seed: StrictInt | None = None
     x_samples: StrictInt | Literal["auto"] | None = None

@@ -1,0 +1,97 @@
+"""The admission gate: at most ``slots`` decisions run, at most ``queue_size`` wait, the rest are refused.
+
+Refusing at once (529 with retry-after) keeps latency bounded under overload instead of letting a
+queue grow past the client's timeout. A waiting request also leaves the queue, with a 529, when its
+deadline passes, and silently when its client disconnects, so dead requests never reach the model.
+Waiters are served by ``priority`` (lower first, vLLM's convention), then in arrival order.
+
+The gate lives on the event loop: it is not thread-safe and needs none of that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from slotread.errors import Overloaded
+
+#: how often a waiting request checks whether its client is still there
+_DISCONNECT_POLL_S = 0.05
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited; nobody is left to answer."""
+
+
+class AdmissionGate:
+    """Hands out decision slots; ``waiting`` and ``running`` are exposed for metrics."""
+
+    def __init__(self, slots: int, queue_size: int, retry_after_s: float) -> None:
+        self.slots = slots
+        self.queue_size = queue_size
+        self.retry_after_s = retry_after_s
+        self.running = 0
+        self._queue: list[tuple[int, int, asyncio.Future[None]]] = []  # heap of (priority, arrival, grant)
+        self._arrivals = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._queue)
+
+    @asynccontextmanager
+    async def slot(
+        self, deadline_s: float, disconnected: Callable[[], Awaitable[bool]], priority: int = 0
+    ) -> AsyncIterator[None]:
+        """Hold a decision slot for the ``async with`` body.
+
+        Raises Overloaded when the queue is full or ``deadline_s`` passes first, ClientGone when the
+        client leaves first.
+        """
+        if self.running < self.slots and not self._queue:
+            self.running += 1
+        elif len(self._queue) >= self.queue_size:
+            raise Overloaded(
+                f"the server is at capacity ({self.slots} running, {self.waiting} queued)", self.retry_after_s
+            )
+        else:
+            await self._wait(deadline_s, disconnected, priority)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _wait(self, deadline_s: float, disconnected: Callable[[], Awaitable[bool]], priority: int) -> None:
+        grant: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (priority, next(self._arrivals), grant)
+        heapq.heappush(self._queue, entry)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + deadline_s
+        try:
+            while not grant.done():
+                left = give_up - loop.time()
+                if left <= 0:
+                    raise Overloaded(f"no decision slot freed up within {deadline_s:g} s", self.retry_after_s)
+                await asyncio.wait({grant}, timeout=min(left, _DISCONNECT_POLL_S))
+                if not grant.done() and await disconnected():
+                    raise ClientGone
+        except BaseException:
+            if grant.done() and not grant.cancelled():
+                self._release()  # granted in the same instant we gave up: pass the slot on
+            else:
+                grant.cancel()
+                self._queue.remove(entry)
+                heapq.heapify(self._queue)
+            raise
+
+    def _release(self) -> None:
+        """Give the slot to the first waiter still waiting, or free it."""
+        while self._queue:
+            _, _, grant = heapq.heappop(self._queue)
+            if not grant.done():
+                grant.set_result(None)
+                return
+        self.running -= 1
