@@ -41,7 +41,7 @@ from slotread.serve.auth import ApiKeys
 from slotread.serve.metrics import Metrics, MetricsMiddleware
 from slotread.serve.openapi import add_schemas
 from slotread.serve.request_id import HEADER, RequestIdMiddleware, request_id_of
-from slotread.serve.routes import models, operations, systemone
+from slotread.serve.routes import decisions, models, operations, systemone
 from slotread.serve.service import DecisionService
 from slotread.settings import Settings
 
@@ -157,6 +157,7 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
     )
     app.state.service = service
     app.include_router(systemone.router)
+    app.include_router(decisions.router)
     app.include_router(models.router)
     app.include_router(operations.router)
 
@@ -180,7 +181,7 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
-    schemas = systemone.SCHEMAS
+    schemas = {**systemone.SCHEMAS, **decisions.SCHEMAS}
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -17,7 +17,7 @@ from slotread.serve.deps import Authorized, JsonBody, ServiceDep
 from slotread.serve.openapi import json_body
 from slotread.serve.request_id import is_echoable
 
-BODY, SCHEMAS = json_body(SystemOneRequest)
+BODY, SCHEMAS = json_body(SystemOneRequest, "SystemOne")
 
 router = APIRouter(dependencies=[Authorized], tags=["decisions"])
 

@@ -1,0 +1,115 @@
+"""The admission gate: slots, a bounded queue, deadlines, disconnects and priorities (no model)."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from slotread.errors import Overloaded
+from slotread.serve.admission import AdmissionGate, ClientGone
+
+
+async def connected() -> bool:
+    return False
+
+
+async def hold(gate: AdmissionGate, release: asyncio.Event, order: list[str], name: str, **options: object) -> None:
+    disconnected: Callable[[], Awaitable[bool]] = options.pop("disconnected", connected)  # type: ignore[assignment]
+    async with gate.slot(float(options.pop("deadline", 5.0)), disconnected, int(options.pop("priority", 0))):  # type: ignore[arg-type]
+        order.append(name)
+        await release.wait()
+
+
+def test_a_full_queue_refuses_at_once_and_freed_slots_go_to_waiters_in_order() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=2, queue_size=2, retry_after_s=1.5)
+        release, order = asyncio.Event(), []
+        tasks = [asyncio.create_task(hold(gate, release, order, f"r{i}")) for i in range(4)]
+        await asyncio.sleep(0.05)
+        assert (gate.running, gate.waiting, order) == (2, 2, ["r0", "r1"])
+        with pytest.raises(Overloaded) as caught:
+            async with gate.slot(5.0, connected):
+                pass
+        assert caught.value.retry_after == 1.5
+        release.set()
+        await asyncio.gather(*tasks)
+        assert order == ["r0", "r1", "r2", "r3"]
+        assert (gate.running, gate.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_past_its_deadline_is_refused_and_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=1, queue_size=4, retry_after_s=1.0)
+        release, order = asyncio.Event(), []
+        holder = asyncio.create_task(hold(gate, release, order, "holder"))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded):
+            await hold(gate, release, order, "late", deadline=0.1)
+        assert gate.waiting == 0
+        release.set()
+        await holder
+        assert order == ["holder"] and gate.running == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_disconnects_while_queued_frees_its_place() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=1, queue_size=1, retry_after_s=1.0)
+        release, order, gone = asyncio.Event(), [], asyncio.Event()
+
+        async def disconnected() -> bool:
+            return gone.is_set()
+
+        holder = asyncio.create_task(hold(gate, release, order, "holder"))
+        await asyncio.sleep(0.01)
+        leaver = asyncio.create_task(hold(gate, release, order, "leaver", disconnected=disconnected))
+        await asyncio.sleep(0.01)
+        assert gate.waiting == 1
+        gone.set()
+        with pytest.raises(ClientGone):
+            await leaver
+        assert gate.waiting == 0
+        stayer = asyncio.create_task(hold(gate, release, order, "stayer"))  # the freed queue place is usable
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(holder, stayer)
+        assert order == ["holder", "stayer"] and gate.running == 0
+
+    asyncio.run(scenario())
+
+
+def test_waiters_are_served_by_priority_then_arrival() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=1, queue_size=8, retry_after_s=1.0)
+        release, order = asyncio.Event(), []
+        tasks = [asyncio.create_task(hold(gate, release, order, "first"))]
+        await asyncio.sleep(0.01)
+        for name, priority in [("low-a", 5), ("high", -1), ("normal", 0), ("low-b", 5)]:
+            tasks.append(asyncio.create_task(hold(gate, release, order, name, priority=priority)))
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(*tasks)
+        assert order == ["first", "high", "normal", "low-a", "low-b"]
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_leaves_no_trace() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=1, queue_size=2, retry_after_s=1.0)
+        release, order = asyncio.Event(), []
+        holder = asyncio.create_task(hold(gate, release, order, "holder"))
+        await asyncio.sleep(0.01)
+        waiter = asyncio.create_task(hold(gate, release, order, "waiter"))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        release.set()
+        await holder
+        assert (gate.running, gate.waiting, order) == (0, 0, ["holder"])
+
+    asyncio.run(scenario())
