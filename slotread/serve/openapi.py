@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+
 def json_body(model: type[BaseModel], namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``openapi_extra`` for a route whose JSON body is ``model``, and the component schemas it refers to.
 
