@@ -10,7 +10,9 @@ from slotread.cli import main
 REQUEST = {"state": "the server is down", "questions": {"urgent": {"type": "noul"}}}
 
 
-def test_decide_prints_the_response(tiny_diffusion_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_decide_prints_the_response(
+    tiny_diffusion_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps(REQUEST))
     assert main(["decide", "--model", str(tiny_diffusion_dir), "--seed", "5", str(request)]) == 0
@@ -22,7 +24,9 @@ def test_decide_prints_the_response(tiny_diffusion_dir: Path, tmp_path: Path, ca
     assert json.loads(capsys.readouterr().out) != response
 
 
-def test_decide_reads_stdin(tiny_diffusion_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_decide_reads_stdin(
+    tiny_diffusion_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO(json.dumps(REQUEST)))
     assert main(["decide", "--model", str(tiny_diffusion_dir)]) == 0
     assert "urgent" in json.loads(capsys.readouterr().out)["answers"]
@@ -31,7 +35,10 @@ def test_decide_reads_stdin(tiny_diffusion_dir: Path, monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(
     ("text", "loc"),
     [
-        ('{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": null}}}}', ["body", "questions", "q", "choice", "criteria"]),
+        (
+            '{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": null}}}}',
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
         ('{"state": "s", "questions": ', ["body", 27]),
     ],
 )
@@ -60,7 +67,9 @@ def test_models_list_names_the_registry(cache_dir: Path, capsys: pytest.CaptureF
         assert name in out
 
 
-def test_models_tiny_writes_a_loadable_checkpoint(cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_tiny_writes_a_loadable_checkpoint(
+    cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "tiny"
     assert main(["--cache-dir", str(cache_dir), "models", "tiny", "diffusion-gemma", "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
