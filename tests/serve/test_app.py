@@ -11,7 +11,7 @@ import httpx
 import pytest
 import zstandard
 
-from tests.serve.conftest import Live
+from tests.serve.live import Live
 
 HEADER = "x-typesafe-request-id"
 

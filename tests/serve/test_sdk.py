@@ -19,7 +19,7 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-from tests.serve.conftest import Live
+from tests.serve.live import Live
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from slotread.models.load import LoadedModel
 from slotread.serve.app import create_app
 from slotread.serve.service import DecisionService
 from slotread.settings import Settings
-from tests.serve.conftest import Live, held_decider, live_server
+from tests.serve.live import Live, held_decider, live_server
 
 REQUEST = {"state": "the server is down", "questions": {"urgent": {"type": "noul"}}}
 HEADER = "x-typesafe-request-id"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tests.serve.conftest import Live
+from tests.serve.live import Live
 
 
 def test_every_question_type_is_answered_in_order(smollm2_server: Live) -> None:
