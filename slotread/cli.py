@@ -95,8 +95,13 @@ def _serve(args: argparse.Namespace) -> int:
             server.should_exit = True  # a server that cannot load its model stops
             raise
 
+    try:
+        app = create_app(settings, load)
+    except (OSError, ValueError) as exc:  # an unreadable or empty API key file
+        print(f"slotread serve: {exc}", file=sys.stderr)
+        return 1
     config = uvicorn.Config(
-        create_app(settings, load),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=args.log_level.lower(),

@@ -43,6 +43,12 @@ class BatchingEngine:
         self._busy = False
         self._changed = threading.Condition()
 
+    @property
+    def pending(self) -> int:
+        """Reads waiting for the engine to be free."""
+        with self._changed:
+            return sum(len(job.requests) for job in self._pending)
+
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
         """Read ``requests``, possibly in one engine call with other threads' reads."""
         job = _Job(list(requests))

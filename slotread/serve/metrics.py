@@ -45,11 +45,16 @@ class Metrics:
         self.batches = Counter("slotread_engine_batches", "engine calls (merged batches)", registry=self.registry)
         self.queue_depth = Gauge("slotread_queue_depth", "decisions waiting for a slot", registry=self.registry)
         self.running = Gauge("slotread_running", "decisions holding a slot", registry=self.registry)
+        self.pending_reads = Gauge("slotread_pending_reads", "reads waiting for the engine", registry=self.registry)
 
     def track_queue(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
         """Read the queue depth and running count from the admission gate at scrape time."""
         self.queue_depth.set_function(waiting)
         self.running.set_function(running)
+
+    def track_engine(self, pending: Callable[[], int]) -> None:
+        """Read the reads waiting for the engine from the batcher at scrape time."""
+        self.pending_reads.set_function(pending)
 
     def observe_batch(self, reads: int) -> None:
         """Count one engine call of ``reads`` reads."""

@@ -66,6 +66,8 @@ class DecisionService:
         """Answer decisions with ``decider`` from now on; its engine is shared through a BatchingEngine."""
         if not isinstance(decider.engine, BatchingEngine):
             decider.engine = BatchingEngine(decider.engine, observe=self.metrics.observe_batch)
+        batcher = decider.engine
+        self.metrics.track_engine(lambda: batcher.pending)
         self.decider = decider
         logger.info("ready: serving %s", decider.name)
 
