@@ -72,6 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": args.max_body_bytes,
         "max_questions": args.max_questions,
         "max_samples": args.max_samples,
+        "max_options": args.max_options,
         "max_prompt_tokens": args.max_prompt_tokens,
     }
     try:
@@ -88,6 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
                 cache_dir=settings.cache_dir,
                 max_questions=settings.max_questions,
                 max_samples=settings.max_samples,
+                max_options=settings.max_options,
                 max_prompt_tokens=settings.max_prompt_tokens,
             )
         except BaseException as exc:
@@ -157,14 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="file of API keys, one key or sha256:<hex> per line; without it auth is off",
     )
-    serve.add_argument("--queue-size", type=int, default=None, help="decisions that may wait for a slot (default 64)")
+    serve.add_argument("--queue-size", type=int, default=None, help="decisions that may wait for a slot (default 16)")
     serve.add_argument("--max-concurrency", type=int, default=None, help="decisions that run at once (default 4)")
     serve.add_argument(
-        "--request-deadline", type=float, default=None, help="seconds a decision may wait in the queue (default 8)"
+        "--request-deadline", type=float, default=None, help="seconds a decision may wait in the queue (default 5)"
     )
     serve.add_argument("--max-body-bytes", type=int, default=None, help="request body limit, decompressed (1 MiB)")
     serve.add_argument("--max-questions", type=int, default=None, help="questions per request (default 64)")
     serve.add_argument("--max-samples", type=int, default=None, help="largest x_samples (default 32)")
+    serve.add_argument("--max-options", type=int, default=None, help="options per choice question (default 255)")
     serve.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="tokens of one read (default: the model's limit)"
     )

@@ -29,15 +29,18 @@ class Settings(BaseSettings):
     #: decisions running at once; the engine itself reads one merged batch at a time
     max_concurrency: int = Field(4, ge=1, le=256)
     #: decisions waiting for a slot; one more is answered 529 at once
-    queue_size: int = Field(64, ge=0, le=100_000)
-    #: seconds a decision may wait for a slot before it is answered 529 (the official SDK gives up at 10 s)
-    request_deadline_s: float = Field(8.0, gt=0)
+    queue_size: int = Field(16, ge=0, le=100_000)
+    #: seconds a decision may wait for a slot before it is answered 529; with the decision's own time
+    #: it must stay under the official SDK's 10 s timeout
+    request_deadline_s: float = Field(5.0, gt=0)
     #: what a 529 tells the client to wait before retrying
     retry_after_s: float = Field(1.0, gt=0)
     #: request body limit in bytes, checked on the wire and again after decompression
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_questions: int = Field(64, ge=1)
     max_samples: int = Field(32, ge=1)
+    #: options per choice question (the System One contract allows up to 255)
+    max_options: int = Field(255, ge=2, le=255)
     #: prompt + canvas tokens of one read; None: the model's own limit
     max_prompt_tokens: int | None = Field(None, ge=16)
 
