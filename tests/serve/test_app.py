@@ -192,6 +192,7 @@ def test_an_unknown_content_encoding_is_415(smollm2_server: Live) -> None:
 
 def test_models_health_readiness_docs_and_metrics(smollm2_server: Live) -> None:
     with smollm2_server.client() as client:
+        assert client.post("/v1/systemone", json=REQUEST).status_code == 200
         models = client.get("/v1/models")
         responses = {path: client.get(path) for path in ("/healthz", "/readyz", "/openapi.json", "/docs", "/metrics")}
         missing, wrong_method = client.get("/v1/nothing"), client.get("/v1/systemone")
