@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -63,14 +62,8 @@ class Metrics:
 
 
 def _route(scope: Scope) -> str:
-    """The path template of the route that matches, or "unmatched"."""
-    app = scope.get("app")
-    router = getattr(app, "router", None)
-    for route in getattr(router, "routes", ()):
-        match, _ = route.matches(scope)
-        if match == Match.FULL:
-            return str(getattr(route, "path", "unmatched"))
-    return "unmatched"
+    """The path template of the route that answered (the router records it in the scope), or "unmatched"."""
+    return str(getattr(scope.get("route"), "path", "unmatched"))
 
 
 class MetricsMiddleware:
