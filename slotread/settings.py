@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
     api_keys: Path | None = None
     #: decisions running at once; the engine itself reads one merged batch at a time
-    max_concurrency: int = Field(4, ge=1, le=256)
+    max_concurrency: int = Field(2, ge=1, le=256)
     #: decisions waiting for a slot; one more is answered 529 at once
     queue_size: int = Field(16, ge=0, le=100_000)
     #: seconds a decision may wait for a slot before it is answered 529; with the decision's own time

@@ -1,8 +1,11 @@
 """The admission gate: at most ``slots`` decisions run, at most ``queue_size`` wait, the rest are refused.
 
 Refusing at once (529 with retry-after) keeps latency bounded under overload instead of letting a
-queue grow past the client's timeout. A waiting request also leaves the queue, with a 529, when its
-deadline passes, and silently when its client disconnects, so dead requests never reach the model.
+queue grow past the client's timeout. A request is also refused at once when the queue has room but
+the wait it would face (its place in the queue times the recent mean time a decision holds its slot,
+over the slots) is longer than its deadline: on a slow machine a short queue is already too long. A
+waiting request leaves the queue, with a 529, when its deadline passes, and silently when its
+client disconnects, so dead requests never reach the model.
 Waiters are served by ``priority`` (lower first, vLLM's convention), then in arrival order.
 
 The gate lives on the event loop: it is not thread-safe and needs none of that.
@@ -20,6 +23,8 @@ from slotread.errors import Overloaded
 
 #: how often a waiting request checks whether its client is still there
 _DISCONNECT_POLL_S = 0.05
+#: weight of the newest hold time in the running mean (about the last ten decisions count)
+_HOLD_WEIGHT = 0.2
 
 
 class ClientGone(Exception):
@@ -36,11 +41,17 @@ class AdmissionGate:
         self.running = 0
         self._queue: list[tuple[int, int, asyncio.Future[None]]] = []  # heap of (priority, arrival, grant)
         self._arrivals = itertools.count()
+        #: running mean of the seconds a decision holds its slot; None until one has finished
+        self.hold_s: float | None = None
 
     @property
     def waiting(self) -> int:
         """Requests waiting for a slot."""
         return len(self._queue)
+
+    def expected_wait_s(self) -> float:
+        """How long a request arriving now would wait for a slot, from the recent hold times."""
+        return 0.0 if self.hold_s is None else (self.waiting + 1) * self.hold_s / self.slots
 
     @asynccontextmanager
     async def slot(
@@ -48,8 +59,8 @@ class AdmissionGate:
     ) -> AsyncIterator[None]:
         """Hold a decision slot for the ``async with`` body.
 
-        Raises Overloaded when the queue is full or ``deadline_s`` passes first, ClientGone when the
-        client leaves first.
+        Raises Overloaded when the queue is full, the expected wait is over ``deadline_s`` or the
+        deadline passes first; ClientGone when the client leaves first.
         """
         if self.running < self.slots and not self._queue:
             self.running += 1
@@ -57,11 +68,20 @@ class AdmissionGate:
             raise Overloaded(
                 f"the server is at capacity ({self.slots} running, {self.waiting} queued)", self.retry_after_s
             )
+        elif self.expected_wait_s() > deadline_s:
+            message = (
+                f"the expected wait ({self.expected_wait_s():.1f} s) is longer than the deadline ({deadline_s:g} s)"
+            )
+            raise Overloaded(message, self.retry_after_s)
         else:
             await self._wait(deadline_s, disconnected, priority)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             yield
         finally:
+            held = loop.time() - started
+            self.hold_s = held if self.hold_s is None else (1 - _HOLD_WEIGHT) * self.hold_s + _HOLD_WEIGHT * held
             self._release()
 
     async def _wait(self, deadline_s: float, disconnected: Callable[[], Awaitable[bool]], priority: int) -> None:

@@ -113,3 +113,28 @@ def test_a_cancelled_waiter_leaves_no_trace() -> None:
         assert (gate.running, gate.waiting, order) == (0, 0, ["holder"])
 
     asyncio.run(scenario())
+
+
+def test_a_wait_expected_to_pass_the_deadline_is_refused_at_once() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=1, queue_size=8, retry_after_s=1.0)
+        release, order = asyncio.Event(), []
+        first = asyncio.create_task(hold(gate, release, order, "first"))
+        await asyncio.sleep(0.2)
+        release.set()
+        await first  # one decision held its slot for about 0.2 s
+        assert gate.hold_s is not None and 0.15 < gate.hold_s < 1.0
+        release.clear()
+        busy = asyncio.create_task(hold(gate, release, order, "busy"))
+        await asyncio.sleep(0.01)
+        waiting = [asyncio.create_task(hold(gate, release, order, f"w{i}", deadline=0.5)) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert gate.waiting == 2  # expected waits about 0.2 s and 0.4 s: queued
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(Overloaded, match="expected wait"):
+            await hold(gate, release, order, "late", deadline=0.5)  # about 0.6 s: refused at once
+        assert asyncio.get_running_loop().time() - started < 0.1
+        release.set()
+        await asyncio.gather(busy, *waiting)
+
+    asyncio.run(scenario())
