@@ -162,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue-size", type=int, default=None, help="decisions that may wait for a slot (default 16)")
     serve.add_argument("--max-concurrency", type=int, default=None, help="decisions that run at once (default 2)")
     serve.add_argument(
-        "--request-deadline", type=float, default=None, help="seconds a decision may wait in the queue (default 5)"
+        "--request-deadline",
+        type=float,
+        default=None,
+        help="seconds within which a decision should be answered, else 529 (default 8)",
     )
     serve.add_argument("--max-body-bytes", type=int, default=None, help="request body limit, decompressed (1 MiB)")
     serve.add_argument("--max-questions", type=int, default=None, help="questions per request (default 64)")

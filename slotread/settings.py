@@ -30,9 +30,10 @@ class Settings(BaseSettings):
     max_concurrency: int = Field(2, ge=1, le=256)
     #: decisions waiting for a slot; one more is answered 529 at once
     queue_size: int = Field(16, ge=0, le=100_000)
-    #: seconds a decision may wait for a slot before it is answered 529; with the decision's own time
-    #: it must stay under the official SDK's 10 s timeout
-    request_deadline_s: float = Field(5.0, gt=0)
+    #: seconds within which a decision should be answered: a request that could not get its slot in
+    #: time to finish by then (judged from recent decision times) is answered 529 instead; under the
+    #: official SDK's 10 s timeout
+    request_deadline_s: float = Field(8.0, gt=0)
     #: what a 529 tells the client to wait before retrying
     retry_after_s: float = Field(1.0, gt=0)
     #: request body limit in bytes, checked on the wire and again after decompression

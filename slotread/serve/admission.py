@@ -1,11 +1,12 @@
 """The admission gate: at most ``slots`` decisions run, at most ``queue_size`` wait, the rest are refused.
 
 Refusing at once (529 with retry-after) keeps latency bounded under overload instead of letting a
-queue grow past the client's timeout. A request is also refused at once when the queue has room but
-the wait it would face (its place in the queue times the recent mean time a decision holds its slot,
-over the slots) is longer than its deadline: on a slow machine a short queue is already too long. A
-waiting request leaves the queue, with a 529, when its deadline passes, and silently when its
-client disconnects, so dead requests never reach the model.
+queue grow past the client's timeout. The deadline is for the whole answer: a request is refused at
+once when its expected wait (its place in the queue times the recent mean time a decision holds its
+slot, over the slots) plus one more hold would pass it, and a waiting request gives up, with a 529,
+as soon as getting its slot could no longer finish in time. On a slow machine a short queue is
+already too long, and this holds latency under the deadline anyway. A waiting request whose client
+disconnects leaves the queue silently, so dead requests never reach the model.
 Waiters are served by ``priority`` (lower first, vLLM's convention), then in arrival order.
 
 The gate lives on the event loop: it is not thread-safe and needs none of that.
@@ -59,8 +60,8 @@ class AdmissionGate:
     ) -> AsyncIterator[None]:
         """Hold a decision slot for the ``async with`` body.
 
-        Raises Overloaded when the queue is full, the expected wait is over ``deadline_s`` or the
-        deadline passes first; ClientGone when the client leaves first.
+        Raises Overloaded when the queue is full or the answer could not be ready within
+        ``deadline_s``; ClientGone when the client leaves first.
         """
         if self.running < self.slots and not self._queue:
             self.running += 1
@@ -68,10 +69,8 @@ class AdmissionGate:
             raise Overloaded(
                 f"the server is at capacity ({self.slots} running, {self.waiting} queued)", self.retry_after_s
             )
-        elif self.expected_wait_s() > deadline_s:
-            message = (
-                f"the expected wait ({self.expected_wait_s():.1f} s) is longer than the deadline ({deadline_s:g} s)"
-            )
+        elif self.expected_wait_s() + (self.hold_s or 0.0) > deadline_s:
+            message = f"the expected time to answer is longer than the deadline of {deadline_s:g} s"
             raise Overloaded(message, self.retry_after_s)
         else:
             await self._wait(deadline_s, disconnected, priority)
@@ -89,12 +88,14 @@ class AdmissionGate:
         entry = (priority, next(self._arrivals), grant)
         heapq.heappush(self._queue, entry)
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + deadline_s
+        answer_by = loop.time() + deadline_s
         try:
             while not grant.done():
-                left = give_up - loop.time()
+                # Recomputed every poll: the first hold times arrive while the first requests wait.
+                left = answer_by - (self.hold_s or 0.0) - loop.time()
                 if left <= 0:
-                    raise Overloaded(f"no decision slot freed up within {deadline_s:g} s", self.retry_after_s)
+                    message = f"no decision slot freed up in time to answer within {deadline_s:g} s"
+                    raise Overloaded(message, self.retry_after_s)
                 await asyncio.wait({grant}, timeout=min(left, _DISCONNECT_POLL_S))
                 if not grant.done() and await disconnected():
                     raise ClientGone
