@@ -99,9 +99,14 @@ class AdmissionGate:
                 await asyncio.wait({grant}, timeout=min(left, _DISCONNECT_POLL_S))
                 if not grant.done() and await disconnected():
                     raise ClientGone
+            if loop.time() + (self.hold_s or 0.0) > answer_by:
+                # The slot came, but too late to finish in time (the first hold times can show that only now).
+                raise Overloaded(
+                    f"a decision slot freed up too late to answer within {deadline_s:g} s", self.retry_after_s
+                )
         except BaseException:
             if grant.done() and not grant.cancelled():
-                self._release()  # granted in the same instant we gave up: pass the slot on
+                self._release()  # granted, but we are not taking it: pass the slot on
             else:
                 grant.cancel()
                 self._queue.remove(entry)

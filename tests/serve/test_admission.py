@@ -138,3 +138,20 @@ def test_an_answer_expected_after_the_deadline_is_refused_at_once() -> None:
         await asyncio.gather(busy, *waiting)
 
     asyncio.run(scenario())
+
+
+def test_a_slot_that_comes_too_late_to_finish_in_time_is_passed_on() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=1, queue_size=8, retry_after_s=1.0)
+        release, order = asyncio.Event(), []
+        first = asyncio.create_task(hold(gate, release, order, "first"))  # no hold time known yet
+        await asyncio.sleep(0.01)
+        late = asyncio.create_task(hold(gate, release, order, "late", deadline=0.8))
+        await asyncio.sleep(0.5)
+        release.set()  # first held 0.5 s; late would answer after about 0.5 + 0.5 > 0.8 s
+        await first
+        with pytest.raises(Overloaded, match="too late"):
+            await late
+        assert (gate.running, gate.waiting, order) == (0, 0, ["first"])
+
+    asyncio.run(scenario())
