@@ -160,7 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="file of API keys, one key or sha256:<hex> per line; without it auth is off",
     )
     serve.add_argument("--queue-size", type=int, default=None, help="decisions that may wait for a slot (default 16)")
-    serve.add_argument("--max-concurrency", type=int, default=None, help="decisions that run at once (default 2)")
+    serve.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="decisions that run at once, their reads batched together (default 1)",
+    )
     serve.add_argument(
         "--request-deadline",
         type=float,

@@ -26,8 +26,10 @@ class Settings(BaseSettings):
     cache_dir: Path | None = None
     #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
     api_keys: Path | None = None
-    #: decisions running at once; the engine itself reads one merged batch at a time
-    max_concurrency: int = Field(2, ge=1, le=256)
+    #: decisions running at once; their reads are merged into one engine batch at a time. On a 2-core
+    #: CPU two at once gave the same throughput as one at twice the latency (bench/load.py, the
+    #: default model), so 1; raise it where batches are cheap (a GPU)
+    max_concurrency: int = Field(1, ge=1, le=256)
     #: decisions waiting for a slot; one more is answered 529 at once
     queue_size: int = Field(16, ge=0, le=100_000)
     #: seconds within which a decision should be answered: a request that could not get its slot in

@@ -26,6 +26,9 @@ from slotread.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+#: answered once before the server reports ready
+_WARM_UP = {"state": "The server is up.", "questions": {"up": {"type": "noul", "instructions": "Is the server up?"}}}
+
 
 class DecisionService:
     """Owns the gate, the worker pool, the API keys and (once loaded) the Decider."""
@@ -53,9 +56,11 @@ class DecisionService:
             self._pool = None
 
     async def load(self, load: Callable[[], Decider]) -> None:
-        """Build the Decider in a thread (a first start fetches and converts the model: minutes)."""
+        """Build the Decider in a thread (a first start fetches and converts the model: minutes), then
+        answer one small decision so the first client does not pay for first-call allocations."""
         try:
             decider = await asyncio.to_thread(load)
+            await asyncio.to_thread(decider.decide, _WARM_UP)
         except Exception as exc:
             self.load_error = str(exc)
             logger.exception("the model failed to load; the server stays unready")
