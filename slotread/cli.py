@@ -1,4 +1,4 @@
-"""The ``slotread`` command: thin argparse front-ends over the public Python API.
+"""The ``slotread`` command: thin argparse front-ends over the public Python API and the server.
 
 Exit codes: 0 success, 2 invalid request (the 422 detail on stderr), 1 anything else.
 """
@@ -58,6 +58,76 @@ def _models_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from slotread.decider import Decider
+    from slotread.serve.app import create_app
+    from slotread.settings import Settings
+
+    flags = {
+        "model": args.model,
+        "host": args.host,
+        "port": args.port,
+        "api_keys": args.api_keys,
+        "cache_dir": args.cache_dir,
+        "queue_size": args.queue_size,
+        "max_concurrency": args.max_concurrency,
+        "request_deadline_s": args.request_deadline,
+        "max_body_bytes": args.max_body_bytes,
+        "max_questions": args.max_questions,
+        "max_samples": args.max_samples,
+        "max_options": args.max_options,
+        "max_prompt_tokens": args.max_prompt_tokens,
+    }
+    try:
+        settings = Settings(**{name: value for name, value in flags.items() if value is not None})
+    except ValueError as exc:  # pydantic's ValidationError names every bad setting
+        print(f"slotread serve: {exc}", file=sys.stderr)
+        return 1
+    failed: list[BaseException] = []
+
+    def load() -> Decider:
+        try:
+            return Decider(
+                settings.model,
+                cache_dir=settings.cache_dir,
+                max_questions=settings.max_questions,
+                max_samples=settings.max_samples,
+                max_options=settings.max_options,
+                max_prompt_tokens=settings.max_prompt_tokens,
+            )
+        except BaseException as exc:
+            failed.append(exc)
+            server.should_exit = True  # a server that cannot load its model stops
+            raise
+
+    try:
+        app = create_app(settings, load)
+    except (OSError, ValueError) as exc:  # an unreadable or empty API key file
+        print(f"slotread serve: {exc}", file=sys.stderr)
+        return 1
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level.lower(),
+        # Stop taking connections, then give the decisions in flight this long to finish.
+        timeout_graceful_shutdown=int(settings.request_deadline_s) + 30,
+    )
+    server = uvicorn.Server(config)
+    print(
+        f"slotread: serving {settings.model} on http://{settings.host}:{settings.port} "
+        "(GET /readyz answers 200 once the model is loaded)",
+        file=sys.stderr,
+    )
+    server.run()
+    if failed:
+        print(f"slotread serve: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="slotread", description=__doc__)
@@ -80,6 +150,42 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
     )
     decide.set_defaults(run=_decide)
+
+    serve = commands.add_parser("serve", help="serve System One and OpenAI Decisions over HTTP")
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="registry name, checkpoint dir or .gguf file (default: $SLOTREAD_MODEL, else qwen2.5-coder-1.5b-instruct)",
+    )
+    serve.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--api-keys",
+        type=Path,
+        default=None,
+        help="file of API keys, one key or sha256:<hex> per line; without it auth is off",
+    )
+    serve.add_argument("--queue-size", type=int, default=None, help="decisions that may wait for a slot (default 16)")
+    serve.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="decisions that run at once, their reads batched together (default 1)",
+    )
+    serve.add_argument(
+        "--request-deadline",
+        type=float,
+        default=None,
+        help="seconds within which a decision should be answered, else 529 (default 8)",
+    )
+    serve.add_argument("--max-body-bytes", type=int, default=None, help="request body limit, decompressed (1 MiB)")
+    serve.add_argument("--max-questions", type=int, default=None, help="questions per request (default 64)")
+    serve.add_argument("--max-samples", type=int, default=None, help="largest x_samples (default 32)")
+    serve.add_argument("--max-options", type=int, default=None, help="options per choice question (default 255)")
+    serve.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="tokens of one read (default: the model's limit)"
+    )
+    serve.set_defaults(run=_serve)
 
     models = commands.add_parser("models", help="list registry models, or write a tiny test model")
     model_commands = models.add_subparsers(dest="models_command", required=True)

@@ -21,6 +21,7 @@ from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.errors import ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model
 from slotread.models.registry import DEFAULT_MODEL
+from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Renderer
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Decider:
         dtype: torch.dtype = torch.bfloat16,
         max_questions: int = systemone.DEFAULT_MAX_QUESTIONS,
         max_samples: int = systemone.DEFAULT_MAX_SAMPLES,
+        max_options: int = MAX_CHOICE_OPTIONS,
         max_prompt_tokens: int | None = None,
     ) -> None:
         loaded = (
@@ -72,6 +74,7 @@ class Decider:
             raise ModelLoadError(loaded.name, str(exc)) from exc
         self.max_questions = max_questions
         self.max_samples = max_samples
+        self.max_options = max_options
         self.max_prompt_tokens = max_prompt_tokens
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
 
@@ -83,6 +86,8 @@ class Decider:
         wire = systemone.parse_request(request)
         if wire.model is not None and wire.model not in (self.name, *MODEL_ALIASES):
             raise UnknownModel(wire.model, [self.name, *MODEL_ALIASES])
-        decision = systemone.to_decision(wire, max_questions=self.max_questions, max_samples=self.max_samples)
+        decision = systemone.to_decision(
+            wire, max_questions=self.max_questions, max_samples=self.max_samples, max_options=self.max_options
+        )
         result = decide(decision, self.engine, self.renderer, self.max_prompt_tokens)
         return systemone.to_response(result, wire, self.name)

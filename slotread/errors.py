@@ -5,8 +5,13 @@
     │                              carries FastAPI-style ``detail`` items {loc, msg, type}
     ├── PromptTooLong              a rendered prompt exceeds the model's limit (HTTP 413)
     ├── UnknownModel               the request names a model this server does not serve (HTTP 404)
-    └── ModelLoadError             a model cannot be fetched, verified or loaded, or its tokenizer
-                                   cannot provide the labels slotread needs; says which model and why
+    ├── ModelLoadError             a model cannot be fetched, verified or loaded, or its tokenizer
+    │                              cannot provide the labels slotread needs; says which model and why
+    ├── BodyTooLarge               the request body, or what it decompresses to, is over the limit (413)
+    ├── UnsupportedEncoding        the request body's Content-Encoding is not gzip, zstd or identity (415)
+    ├── AuthenticationFailed       the server checks API keys and the request has none or a wrong one (401)
+    ├── Overloaded                 no decision slot is free and none frees up in time (529, retry-after)
+    └── NotReady                   the model is still loading, or failed to load (503)
 
 Only the edges (cli, the server) turn these into exit codes or status codes.
 """
@@ -65,3 +70,35 @@ class ModelLoadError(SlotreadError):
         self.model = model
         self.reason = reason
         super().__init__(f"cannot load model {model!r}: {reason}")
+
+
+class BodyTooLarge(SlotreadError):
+    """The request body is larger than the server accepts (compressed or after decompression)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"the request body is over the limit of {limit} bytes (after decompression)")
+
+
+class UnsupportedEncoding(SlotreadError):
+    """The request body's Content-Encoding is not one the server decodes."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        super().__init__(f"Content-Encoding {encoding!r} is not supported; use zstd, gzip or none")
+
+
+class AuthenticationFailed(SlotreadError):
+    """The server checks API keys and the request carries none, or one it does not know."""
+
+
+class Overloaded(SlotreadError):
+    """No decision slot is free and none freed up in time; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class NotReady(SlotreadError):
+    """The server is up but cannot decide yet: the model is still loading, or failed to load."""

@@ -50,7 +50,9 @@ def test_an_invalid_request_exits_2_with_the_detail_on_stderr(
     assert main(["decide", "--model", str(tiny_diffusion_dir), str(request)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert json.loads(captured.err)["detail"][0]["loc"] == loc
+    # Loading the model may draw transformers' progress bar on stderr before the detail.
+    detail = captured.err[captured.err.index('{\n  "detail"') :]
+    assert json.loads(detail)["detail"][0]["loc"] == loc
 
 
 def test_an_unloadable_model_exits_1_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,3 +78,21 @@ def test_models_tiny_writes_a_loadable_checkpoint(
     request = tmp_path / "request.json"
     request.write_text(json.dumps(REQUEST))
     assert main(["--cache-dir", str(cache_dir), "decide", "--model", str(out), str(request)]) == 0
+
+
+def test_serve_exits_1_naming_a_model_it_cannot_load(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", "no-such-model", "--port", "0"]) == 1
+    assert "no-such-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--max-concurrency", "0"], ["--api-keys", "/no/such/file"], ["--port", "70000"]])
+def test_serve_refuses_bad_settings_before_starting(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", *flags]) == 1
+    assert "slotread serve:" in capsys.readouterr().err
+
+
+def test_serve_refuses_an_api_key_file_without_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# none yet\n")
+    assert main(["serve", "--api-keys", str(keys)]) == 1
+    assert "holds no API keys" in capsys.readouterr().err

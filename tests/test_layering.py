@@ -1,6 +1,7 @@
 """Imports run one way: api -> core -> prompt, engines; the wiring modules sit on top."""
 
 import ast
+import sys
 from pathlib import Path
 
 import slotread
@@ -14,7 +15,13 @@ ALLOWED = {
     "prompt": {"engines"},
     "engines": set(),
     "models": {"engines"},
+    # the server wires the rest: the Decider, the wire formats, the engine contract, the registry
+    "serve": {"api", "decider", "engines", "models", "settings"},
 }
+
+#: third-party packages the model-side layers may import: they run without the server's dependencies
+MODEL_SIDE = {"core", "prompt", "engines"}
+MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers"}
 
 
 def slotread_imports(path: Path) -> set[str]:
@@ -36,6 +43,27 @@ def test_layers_import_one_way() -> None:
         for path in sorted((PACKAGE / layer).rglob("*.py")):
             for target in slotread_imports(path) - allowed - {layer, "errors"}:
                 wrong.append(f"{path.relative_to(PACKAGE)} imports slotread.{target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level packages a file imports, other than the standard library and slotread."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"slotread", "__future__"}
+
+
+def test_the_model_side_needs_no_server_packages() -> None:
+    wrong = [
+        f"{path.relative_to(PACKAGE)} imports {package}"
+        for layer in sorted(MODEL_SIDE)
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+        for package in sorted(third_party_imports(path) - MODEL_SIDE_PACKAGES)
+    ]
     assert not wrong, "\n".join(wrong)
 
 

@@ -89,6 +89,12 @@ class SystemOneRequest(BaseModel):
     questions: dict[str, WireQuestion]
     instructions: Description = None
     joint: StrictBool | None = None
+    # vLLM's extensions: the server echoes request_id in its response header and queues by priority
+    # (lower first); cache_salt isolates prefix caches between tenants, and the in-process engines'
+    # caches are private to this server, so it is checked and otherwise has no effect here.
+    request_id: str | None = None
+    cache_salt: str | None = None
+    priority: StrictInt = 0
     x_joint: StrictBool | None = None
     x_seed: StrictInt | None = None
     x_samples: StrictInt | Literal["auto"] | None = None
@@ -191,8 +197,12 @@ def to_decision(
     *,
     max_questions: int = DEFAULT_MAX_QUESTIONS,
     max_samples: int = DEFAULT_MAX_SAMPLES,
+    max_options: int = MAX_CHOICE_OPTIONS,
 ) -> Decision:
-    """Check what the shape cannot (limits, references between questions) and build the Decision."""
+    """Check what the shape cannot (limits, references between questions) and build the Decision.
+
+    ``max_options`` may lower the contract's 255 options per choice (a server protecting its latency).
+    """
     problems: list[ErrorDetail] = []
     if len(request.questions) > max_questions:
         msg = f"at most {max_questions} questions per request, got {len(request.questions)}"
@@ -204,6 +214,9 @@ def to_decision(
     for qid, wire in request.questions.items():
         questions[qid], found = _question(qid, wire, questions)
         problems += found
+        if isinstance(wire, ChoiceQuestion) and len(wire.criteria) > max_options:
+            msg = f"at most {max_options} options per choice here, got {len(wire.criteria)}"
+            problems.append(_problem(["questions", qid, "choice", "criteria"], msg))
     if problems:
         raise InvalidRequest(problems)
     joint = bool(request.x_joint if request.x_joint is not None else request.joint)

@@ -44,6 +44,8 @@ class RegistryModel:
     license: str
     gguf: Artifact
     family: Family
+    #: when the upstream model was released (YYYY-MM-DD), for the server's model listing
+    release_date: str
 
 
 def _chunked(project: str, version: str, module: str, digests: list[str]) -> tuple[Wheel, ...]:
@@ -89,6 +91,7 @@ _MODELS = (
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         ),
         family="causal",
+        release_date="2024-11-01",
     ),
     RegistryModel(
         name="qwen2.5-coder-0.5b-instruct",
@@ -113,6 +116,7 @@ _MODELS = (
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
         family="causal",
+        release_date="2024-11-12",
     ),
     RegistryModel(
         name="qwen2.5-coder-1.5b-instruct",
@@ -153,6 +157,7 @@ _MODELS = (
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
         family="causal",
+        release_date="2024-09-19",
     ),
     RegistryModel(
         name="gemma-3-270m",
@@ -180,6 +185,7 @@ _MODELS = (
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
         family="causal",
+        release_date="2025-08-14",
     ),
 )
 

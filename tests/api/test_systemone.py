@@ -245,3 +245,9 @@ def test_ask_if_maps_values_to_option_names() -> None:
     assert conditions == {"kind": {"green"}, "urgent": {"no"}, "level": {"1", "0"}}
     assert question.depends_on == ("kind",)
     assert question.prerequisites == ("kind", "urgent", "level")
+
+
+def test_a_server_may_allow_fewer_options_per_choice() -> None:
+    body = {"state": "s", "questions": {"q": {"type": "choice", "criteria": dict.fromkeys("abcd")}}}
+    assert len(decision(body, max_options=4).questions[0].options) == 4
+    assert locs(body, max_options=3) == [["body", "questions", "q", "choice", "criteria"]]

@@ -1,0 +1,94 @@
+"""Prometheus metrics: requests by route and status, latency, questions, reads, queue depth.
+
+Each app gets its own ``CollectorRegistry`` (tests start several servers in one process; the
+global registry would refuse the second set of names). ``MetricsMiddleware`` counts every response,
+errors included, labelled with the route's path template so unknown paths cannot grow the label set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The server's metrics, registered in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "slotread_requests", "HTTP requests answered", ["route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "slotread_request_seconds", "time to answer", ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+        self.queue_wait = Histogram(
+            "slotread_queue_wait_seconds",
+            "time a decision waited for a slot",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decision_seconds = Histogram(
+            "slotread_decision_seconds",
+            "time a decision held its slot",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.questions = Counter("slotread_questions", "questions answered", registry=self.registry)
+        self.reads = Counter("slotread_reads", "reads sent to the engine", registry=self.registry)
+        self.batches = Counter("slotread_engine_batches", "engine calls (merged batches)", registry=self.registry)
+        self.queue_depth = Gauge("slotread_queue_depth", "decisions waiting for a slot", registry=self.registry)
+        self.running = Gauge("slotread_running", "decisions holding a slot", registry=self.registry)
+        self.pending_reads = Gauge("slotread_pending_reads", "reads waiting for the engine", registry=self.registry)
+
+    def track_queue(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
+        """Read the queue depth and running count from the admission gate at scrape time."""
+        self.queue_depth.set_function(waiting)
+        self.running.set_function(running)
+
+    def track_engine(self, pending: Callable[[], int]) -> None:
+        """Read the reads waiting for the engine from the batcher at scrape time."""
+        self.pending_reads.set_function(pending)
+
+    def observe_batch(self, reads: int) -> None:
+        """Count one engine call of ``reads`` reads."""
+        self.batches.inc()
+        self.reads.inc(reads)
+
+
+def _route(scope: Scope) -> str:
+    """The path template of the route that answered (the router records it in the scope), or "unmatched"."""
+    return str(getattr(scope.get("route"), "path", "unmatched"))
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP response by route and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # what the client sees if the app raises before answering
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = _route(scope)
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)

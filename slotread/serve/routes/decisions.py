@@ -1,0 +1,22 @@
+"""``POST /v1/decisions``: OpenAI Decisions requests, answered by the Decider through System One."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from slotread.api import decisions
+from slotread.serve.deps import Authorized, JsonBody, ServiceDep
+from slotread.serve.openapi import json_body
+
+BODY, SCHEMAS = json_body(decisions.DecisionsRequest, "Decisions")
+
+router = APIRouter(dependencies=[Authorized], tags=["decisions"])
+
+
+@router.post("/v1/decisions", openapi_extra=BODY, summary="Answer a list of typed questions about an input")
+async def create_decision(request: Request, body: JsonBody, service: ServiceDep) -> JSONResponse:
+    """Answer every question of an OpenAI Decisions request, in question order."""
+    wire = decisions.parse_request(body)
+    response = await service.decide(decisions.to_systemone(wire), request.is_disconnected)
+    return JSONResponse(decisions.from_systemone(response, wire))

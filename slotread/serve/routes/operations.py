@@ -1,0 +1,34 @@
+"""Operations: ``/healthz`` (the process answers), ``/readyz`` (the model is loaded), ``/metrics``.
+
+None of these needs an API key: load balancers and Prometheus scrape them without one.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from slotread.serve.deps import ServiceDep
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="The server process is up")
+async def healthz() -> dict[str, str]:
+    """Always ``{"status": "ok"}`` while the process serves HTTP."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="The model is loaded and decisions are answered")
+async def readyz(service: ServiceDep) -> JSONResponse:
+    """200 once the model is loaded; 503 with the reason before (or if loading failed)."""
+    if service.ready:
+        return JSONResponse({"status": "ready", "model": service.ready_decider().name})
+    return JSONResponse({"status": "not_ready", "reason": service.unready_reason}, status_code=503)
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+async def metrics(service: ServiceDep) -> Response:
+    """Requests by route and status, latencies, questions, reads, queue depth."""
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

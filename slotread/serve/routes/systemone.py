@@ -1,0 +1,37 @@
+"""``POST /v1/systemone``: the System One body goes to the Decider as it is; the answer comes back as it is.
+
+The Decider validates the body (422 detail located under ``body``); this route only reads what the
+server itself needs first: the client's ``request_id`` (echoed in ``x-typesafe-request-id``) and
+the queue ``priority``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from slotread.api.systemone import SystemOneRequest
+from slotread.serve.deps import Authorized, JsonBody, ServiceDep
+from slotread.serve.openapi import json_body
+from slotread.serve.request_id import is_echoable
+
+BODY, SCHEMAS = json_body(SystemOneRequest, "SystemOne")
+
+router = APIRouter(dependencies=[Authorized], tags=["decisions"])
+
+
+def queue_priority(body: Any) -> int:
+    """The body's vLLM ``priority`` if it is an integer (the Decider reports any other value as 422)."""
+    priority = body.get("priority") if isinstance(body, dict) else None
+    return priority if type(priority) is int else 0
+
+
+@router.post("/v1/systemone", openapi_extra=BODY, summary="Answer bounded questions about a state")
+async def systemone(request: Request, body: JsonBody, service: ServiceDep) -> JSONResponse:
+    """Answer every question of a System One request."""
+    if isinstance(body, dict) and is_echoable(body.get("request_id")):
+        request.state.request_id = body["request_id"]
+    response = await service.decide(body, request.is_disconnected, queue_priority(body))
+    return JSONResponse(response)

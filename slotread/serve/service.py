@@ -1,0 +1,108 @@
+"""The decision service: the Decider behind the admission gate, in a bounded pool of worker threads.
+
+A decision takes a slot from the ``AdmissionGate`` (or is refused with 529), then runs
+``Decider.decide`` in one of ``max_concurrency`` threads (torch releases the GIL in its kernels).
+The threads share the Decider's engine through a ``BatchingEngine``, which reads one merged batch at
+a time. A decision that has started runs to the end even if its client leaves: a read in progress
+cannot be interrupted, and its slot is freed when it finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from slotread.decider import Decider
+from slotread.errors import NotReady
+from slotread.serve.admission import AdmissionGate
+from slotread.serve.auth import ApiKeys
+from slotread.serve.batcher import BatchingEngine
+from slotread.serve.metrics import Metrics
+from slotread.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: answered once before the server reports ready
+_WARM_UP = {"state": "The server is up.", "questions": {"up": {"type": "noul", "instructions": "Is the server up?"}}}
+
+
+class DecisionService:
+    """Owns the gate, the worker pool, the API keys and (once loaded) the Decider."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, api_keys: ApiKeys | None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        #: None: auth is off
+        self.api_keys = api_keys
+        self.gate = AdmissionGate(settings.max_concurrency, settings.queue_size, settings.retry_after_s)
+        metrics.track_queue(lambda: self.gate.waiting, lambda: self.gate.running)
+        self.decider: Decider | None = None
+        #: why the model failed to load, if it did
+        self.load_error: str | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Start the worker threads."""
+        self._pool = ThreadPoolExecutor(self.settings.max_concurrency, thread_name_prefix="slotread-decide")
+
+    def stop(self) -> None:
+        """Wait for the decisions in flight, then stop the worker threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    async def load(self, load: Callable[[], Decider]) -> None:
+        """Build the Decider in a thread (a first start fetches and converts the model: minutes), then
+        answer one small decision so the first client does not pay for first-call allocations."""
+        try:
+            decider = await asyncio.to_thread(load)
+            await asyncio.to_thread(decider.decide, _WARM_UP)
+        except Exception as exc:
+            self.load_error = str(exc)
+            logger.exception("the model failed to load; the server stays unready")
+            return
+        self.serve(decider)
+
+    def serve(self, decider: Decider) -> None:
+        """Answer decisions with ``decider`` from now on; its engine is shared through a BatchingEngine."""
+        if not isinstance(decider.engine, BatchingEngine):
+            decider.engine = BatchingEngine(decider.engine, observe=self.metrics.observe_batch)
+        batcher = decider.engine
+        self.metrics.track_engine(lambda: batcher.pending)
+        self.decider = decider
+        logger.info("ready: serving %s", decider.name)
+
+    @property
+    def ready(self) -> bool:
+        """Whether decisions can be answered."""
+        return self.decider is not None and self._pool is not None
+
+    @property
+    def unready_reason(self) -> str:
+        """Why decisions cannot be answered yet."""
+        return f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
+
+    def ready_decider(self) -> Decider:
+        """The Decider, or NotReady saying why there is none."""
+        if self.decider is None or self._pool is None:
+            raise NotReady(self.unready_reason)
+        return self.decider
+
+    async def decide(self, body: Any, disconnected: Callable[[], Awaitable[bool]], priority: int = 0) -> dict[str, Any]:
+        """Answer a System One body; raises Overloaded, ClientGone, NotReady or the Decider's errors."""
+        decider = self.ready_decider()
+        queued = time.perf_counter()
+        async with self.gate.slot(self.settings.request_deadline_s, disconnected, priority):
+            started = time.perf_counter()
+            self.metrics.queue_wait.observe(started - queued)
+            try:
+                loop = asyncio.get_running_loop()
+                response: dict[str, Any] = await loop.run_in_executor(self._pool, decider.decide, body)
+            finally:
+                self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        self.metrics.questions.inc(len(response["answers"]))
+        return response

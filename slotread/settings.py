@@ -1,0 +1,55 @@
+"""The server's configuration: one ``Settings`` object, built once at the entry point and passed down.
+
+Every field can come from the environment with the ``SLOTREAD_`` prefix (``SLOTREAD_PORT=9000``);
+explicit values (the CLI's flags) win over the environment. The defaults run on a 2-core laptop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from slotread.models.registry import DEFAULT_MODEL
+
+
+class Settings(BaseSettings):
+    """What ``slotread serve`` serves, where, and within which limits."""
+
+    model_config = SettingsConfigDict(env_prefix="SLOTREAD_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    #: registry name, checkpoint directory or .gguf file
+    model: str = DEFAULT_MODEL
+    cache_dir: Path | None = None
+    #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
+    api_keys: Path | None = None
+    #: decisions running at once; their reads are merged into one engine batch at a time. On a 2-core
+    #: CPU two at once gave the same throughput as one at twice the latency (bench/load.py, the
+    #: default model), so 1; raise it where batches are cheap (a GPU)
+    max_concurrency: int = Field(1, ge=1, le=256)
+    #: decisions waiting for a slot; one more is answered 529 at once
+    queue_size: int = Field(16, ge=0, le=100_000)
+    #: seconds within which a decision should be answered: a request that could not get its slot in
+    #: time to finish by then (judged from recent decision times) is answered 529 instead; under the
+    #: official SDK's 10 s timeout
+    request_deadline_s: float = Field(8.0, gt=0)
+    #: what a 529 tells the client to wait before retrying
+    retry_after_s: float = Field(1.0, gt=0)
+    #: request body limit in bytes, checked on the wire and again after decompression
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_questions: int = Field(64, ge=1)
+    max_samples: int = Field(32, ge=1)
+    #: options per choice question (the System One contract allows up to 255)
+    max_options: int = Field(255, ge=2, le=255)
+    #: prompt + canvas tokens of one read; None: the model's own limit
+    max_prompt_tokens: int | None = Field(None, ge=16)
+
+    @model_validator(mode="after")
+    def _api_keys_file_exists(self) -> Settings:
+        # Refuse at start-up rather than serve without the auth the operator asked for.
+        if self.api_keys is not None and not self.api_keys.is_file():
+            raise ValueError(f"api_keys: {self.api_keys} is not a file")
+        return self

@@ -1,0 +1,111 @@
+"""The OpenAI Decisions wire format ⇄ System One bodies (no model needed)."""
+
+from typing import Any
+
+import pytest
+
+from slotread.api.decisions import from_systemone, parse_request, to_systemone
+from slotread.errors import InvalidRequest
+
+REQUEST: dict[str, Any] = {
+    "model": "jev-latest",
+    "input": [
+        {"role": "user", "content": "I was charged twice."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Please help."}]},
+    ],
+    "questions": [
+        {"type": "predicate", "name": "billing", "instructions": "The message is about billing."},
+        {"type": "choice", "choices": [{"value": "calm"}, {"value": "angry", "description": "upset"}]},
+        {"type": "score", "name": "urgency", "levels": [{"label": "low"}, {"label": "high", "description": "today"}]},
+    ],
+    "x_seed": 3,
+}
+
+
+def test_a_request_becomes_the_system_one_body_asking_the_same_questions() -> None:
+    assert to_systemone(parse_request(REQUEST)) == {
+        "model": "jev-latest",
+        "state": "I was charged twice.\n\nPlease help.",
+        "questions": {
+            "0": {"type": "noul", "instructions": "The message is about billing."},
+            "1": {"type": "choice", "criteria": {"calm": None, "angry": "upset"}, "instructions": None},
+            "2": {"type": "score", "criteria": ["low", "high: today"], "instructions": None},
+        },
+        "x_seed": 3,
+    }
+
+
+def test_answers_come_back_as_a_list_in_question_order() -> None:
+    systemone = {
+        "model": "m",
+        "answers": {
+            "0": {"type": "noul", "noul": 0.8, "x_reads": 1},
+            "1": {
+                "type": "choice",
+                "choice": "angry",
+                "probabilities": {"calm": 0.25, "angry": 0.75},
+                "confidence": 0.5,
+            },
+            "2": {
+                "type": "score",
+                "score": 0.9,
+                "legend": {"0": "low", "1": "high"},
+                "probabilities": {"0": 0.1, "1": 0.9},
+                "confidence": 0.8,
+            },
+        },
+        "usage": {"input_tokens": 40, "output_tokens": 3},
+    }
+    response = from_systemone(systemone, parse_request(REQUEST))
+    predicate, choice, score = response["answers"]
+    assert predicate == {
+        "type": "predicate",
+        "name": "billing",
+        "probability": 0.8,
+        "confidence": pytest.approx(0.6),
+        "x_reads": 1,
+    }
+    assert choice == {
+        "type": "choice",
+        "name": None,
+        "choice": "angry",
+        "probabilities": [{"value": "calm", "probability": 0.25}, {"value": "angry", "probability": 0.75}],
+        "confidence": 0.5,
+    }
+    assert score["probabilities"] == [
+        {"label": "low", "value": 0, "probability": 0.1},
+        {"label": "high", "value": 1, "probability": 0.9},
+    ]
+    assert (score["name"], score["score"], score["confidence"]) == ("urgency", 0.9, 0.8)
+    assert response["usage"] == {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43}
+
+
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"input": ""}, ["body", "input"]),
+        ({"questions": []}, ["body", "questions"]),
+        (
+            {"questions": [{"type": "choice", "choices": [{"value": "a"}]}]},
+            ["body", "questions", 0, "choice", "choices"],
+        ),
+        (
+            {"questions": [{"type": "choice", "choices": [{"value": "a"}, {"value": "a"}]}]},
+            ["body", "questions", 0, "choice", "choices"],
+        ),
+        (
+            {"questions": [{"type": "score", "levels": [{"label": str(i)} for i in range(11)]}]},
+            ["body", "questions", 0, "score", "levels"],
+        ),
+        ({"questions": [{"type": "noul"}]}, ["body", "questions", 0]),
+        (
+            {"questions": [{"type": "predicate", "name": "a"}, {"type": "predicate", "name": "a"}]},
+            ["body", "questions"],
+        ),
+        ({"input": [{"role": "system", "content": "x"}]}, ["body", "input", "list[UserMessage]", 0, "role"]),
+    ],
+)
+def test_problems_are_located_in_the_decisions_body(change: dict[str, Any], loc: list[Any]) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request({**REQUEST, **change})
+    assert loc in [d["loc"] for d in caught.value.detail]

@@ -1,0 +1,95 @@
+"""The batcher: concurrent decisions' reads merge into one engine call, and nothing else changes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from slotread.core.decide import question_text
+from slotread.core.questions import Option, Question
+from slotread.decider import Decider
+from slotread.engines.base import ReadRequest, SlotScores
+from slotread.models.load import LoadedModel
+from slotread.serve.batcher import BatchingEngine
+from tests.serve.live import HeldEngine
+
+STATES = ["the server is down", "thanks, all good", "my card was stolen", "how do I reset my PIN?", "refund me now"]
+
+
+def reads(decider: Decider) -> list[ReadRequest]:
+    """One real read per state: a yes/no question rendered by the model's own renderer."""
+    question = Question("q", "noul", "Is this urgent?", (Option("yes"), Option("no")))
+    text = question_text(question, decider.renderer)
+    return [decider.renderer.render_branch(text, state, None, ()).with_seed(0) for state in STATES]
+
+
+def wait_until(condition: object, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def test_reads_queued_while_the_engine_is_busy_go_in_one_batch_with_the_same_results(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    requests = reads(decider)
+    alone = [decider.engine.read([r])[0] for r in requests]
+    held = HeldEngine(decider.engine)
+    sizes: list[int] = []
+    batcher = BatchingEngine(held, observe=sizes.append)
+    calls = [[requests[0]], [requests[1]], [requests[2], requests[3]], [requests[4]]]
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(batcher.read, calls[0])
+        assert held.entered.wait(30)
+        rest = [pool.submit(batcher.read, call) for call in calls[1:]]
+        wait_until(lambda: batcher.pending == 4)
+        held.release.set()
+        results = [first.result(30), *(future.result(30) for future in rest)]
+    assert sizes == [1, 4]  # the three waiting calls were read together
+    merged = [scores for result in results for scores in result]
+    for got, expected in zip(merged, alone, strict=True):
+        np.testing.assert_allclose(got.logits[0], expected.logits[0], atol=1e-4, rtol=1e-5)
+
+
+class FailsOnSecond:
+    """An engine whose read fails whenever the second request is in the batch."""
+
+    family = "causal"
+    noisy = False
+    max_tokens = 100
+
+    def __init__(self, marker: ReadRequest) -> None:
+        self.marker = marker
+        self.batches: list[int] = []
+        self.busy = threading.Event()
+        self.go = threading.Event()
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        self.batches.append(len(requests))
+        if len(self.batches) == 1:
+            self.busy.set()
+            assert self.go.wait(30)
+        if self.marker in requests:
+            raise ValueError("this read is bad")
+        return [SlotScores((np.zeros(2, np.float32),), (1.0,), (True,)) for _ in requests]
+
+
+def test_a_failing_read_fails_only_its_own_caller(smollm2: LoadedModel) -> None:
+    requests = reads(Decider(smollm2))
+    engine = FailsOnSecond(requests[1])
+    batcher = BatchingEngine(engine)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(batcher.read, [requests[0]])
+        assert engine.busy.wait(30)
+        bad = pool.submit(batcher.read, [requests[1]])
+        good = pool.submit(batcher.read, [requests[2]])
+        wait_until(lambda: batcher.pending == 2)
+        engine.go.set()
+        assert len(first.result(30)) == 1 and len(good.result(30)) == 1
+        with pytest.raises(ValueError, match="bad"):
+            bad.result(30)
+    assert engine.batches == [1, 2, 1, 1]  # the merged batch failed, then each was read alone
