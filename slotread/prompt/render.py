@@ -218,7 +218,7 @@ class Renderer:
         return self._segments(text, [start, start + len(parts[0]), start + len(parts[0]) + len(parts[1])])
 
     def _causal_canvas(self, labels: LabelSet) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
-        canvas = self._encode(self.reply_prefix + labels.lead) if self.reply_prefix + labels.lead else []
+        canvas = self._encode(self.reply_prefix + labels.lead)
         return (*canvas, labels.ids[0]), (Slot(len(canvas), labels.ids),)
 
     def _diffusion_canvas(self, lines: list[tuple[str, LabelSet]]) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
