@@ -45,8 +45,8 @@ class Decider:
     ``model`` is a registry name (see ``slotread models list``), a local Hugging Face checkpoint
     directory, a ``.gguf`` file, or a ``LoadedModel`` built elsewhere (tests, custom models).
     Weights load in bfloat16 by default: 2-3x faster than float32 on these CPUs' AMX units
-    (bench/cpu_decide.py). Loading fails with ModelLoadError naming the model and the reason, including a tokenizer that
-    cannot provide the single-token labels slotread reads.
+    (bench/cpu_decide.py). Loading fails with ModelLoadError naming the model and the reason,
+    including a tokenizer that cannot provide the single-token labels slotread reads.
     """
 
     def __init__(
