@@ -35,12 +35,16 @@ class Slot:
 
 @dataclass(frozen=True)
 class ReadRequest:
-    """One read: prompt segments, the canvas, its slots, and the noise seed (diffusion only)."""
+    """One read: prompt segments, the canvas, its slots, and the noise seed (diffusion only).
+
+    ``seed=None`` reads the canvas exactly as given: a caller that noised it already (the engine
+    server, receiving a vLLM seed canvas) must not have it noised twice.
+    """
 
     prompt: tuple[tuple[int, ...], ...]
     canvas: tuple[int, ...]
     slots: tuple[Slot, ...]
-    seed: int = 0
+    seed: int | None = 0
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:
@@ -54,12 +58,14 @@ class SlotScores:
 
     ``logits[i]`` holds the float32 logits of slot i's label ids (same order as ``label_ids``);
     ``label_mass[i]`` is the probability the full vocabulary softmax puts on those labels together;
-    ``argmax_is_label[i]`` says whether the vocabulary argmax at the slot is one of the labels.
+    ``argmax_is_label[i]`` says whether the vocabulary argmax at the slot is one of the labels, and
+    ``argmax_id[i]`` is that argmax token id.
     """
 
     logits: tuple[np.ndarray, ...]
     label_mass: tuple[float, ...]
     argmax_is_label: tuple[bool, ...]
+    argmax_id: tuple[int, ...]
 
 
 class Engine(Protocol):

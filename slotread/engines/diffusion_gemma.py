@@ -9,7 +9,7 @@ is no mask token: the model was trained to denoise uniform random token ids. A r
    of every segment boundary in the ``PrefixCache``; a prompt is always encoded segment by segment,
    so its KV (and every result) is the same whether or not a prefix was cached;
 2. noises the canvas: each slot's token becomes a noise token (``noise_canvas``, from the request's
-   seed);
+   seed; a request without a seed is read as given);
 3. runs one decoder step, without self-conditioning, over a batch of canvases against their
    prompts' KV: prompt KV left-padded to the batch's longest prompt (one prompt shared by the whole
    batch is an ``expand`` view), canvases right-padded, a 2D mask over ``prompt + canvas`` that hides
@@ -43,6 +43,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import score_slots
 from slotread.errors import PromptTooLong
@@ -54,21 +55,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 2**30
 
 Ids = tuple[int, ...]
-
-
-def noise_canvas(canvas: Ids, positions: Sequence[int], seed: int, vocab_size: int) -> Ids:
-    """``canvas`` with the token at each of ``positions`` replaced by noise.
-
-    The noise at canvas position p is draw p of a CPU ``torch.Generator`` seeded with ``seed``,
-    uniform over the vocabulary: it depends on the seed and the position only, never on the other
-    slots, the batch or the device.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(vocab_size, (len(canvas),), generator=generator).tolist()
-    noised = list(canvas)
-    for position in positions:
-        noised[position] = draws[position]
-    return tuple(noised)
 
 
 class DiffusionGemmaEngine:
@@ -134,6 +120,7 @@ class DiffusionGemmaEngine:
                         logits=tuple(s.logits[0] for s in slots),
                         label_mass=tuple(s.label_mass[0] for s in slots),
                         argmax_is_label=tuple(s.argmax_is_label[0] for s in slots),
+                        argmax_id=tuple(s.argmax_id[0] for s in slots),
                     )
         return [scores[index] for index in range(len(requests))]
 
@@ -201,7 +188,11 @@ class DiffusionGemmaEngine:
         columns = max(len(request.canvas) for request in batch)  # C: the padded canvas width
         canvases, positions, masks = [], [], []
         for request, length in zip(batch, lengths, strict=True):
-            noised = noise_canvas(request.canvas, [slot.position for slot in request.slots], request.seed, self._vocab)
+            noised = (
+                request.canvas
+                if request.seed is None
+                else noise_canvas(request.canvas, [slot.position for slot in request.slots], request.seed, self._vocab)
+            )
             fill = columns - len(noised)
             canvases.append([*noised, *[self._pad_id] * fill])
             positions.append(list(range(length, length + columns)))

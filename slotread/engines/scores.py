@@ -12,7 +12,7 @@ from slotread.engines.base import Slot, SlotScores
 
 def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list[SlotScores]:
     """Per row of ``logits`` (R, V), the scores of that row's slots: label logits, label mass (the
-    full-vocabulary softmax summed over the distinct label ids) and whether the argmax is a label."""
+    full-vocabulary softmax summed over the distinct label ids), the argmax id and whether it is a label."""
     rows = [r for r, row_slots in enumerate(slots) for slot in row_slots for _ in slot.label_ids]
     cols = [i for row_slots in slots for slot in row_slots for i in slot.label_ids]
     index = torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)
@@ -21,7 +21,7 @@ def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list
     top = logits.argmax(dim=-1).cpu().numpy()  # (R,)
     results, offset = [], 0
     for r, row_slots in enumerate(slots):
-        label_logits, masses, hits = [], [], []
+        label_logits, masses, hits, tops = [], [], [], []
         for slot in row_slots:
             values = picked[offset : offset + len(slot.label_ids)]
             offset += len(slot.label_ids)
@@ -30,5 +30,6 @@ def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list
             masses.append(float(np.exp(peak + np.log(np.exp(distinct - peak).sum()) - log_total[r])))
             label_logits.append(values.copy())
             hits.append(int(top[r]) in slot.label_ids)
-        results.append(SlotScores(tuple(label_logits), tuple(masses), tuple(hits)))
+            tops.append(int(top[r]))
+        results.append(SlotScores(tuple(label_logits), tuple(masses), tuple(hits), tuple(tops)))
     return results

@@ -13,7 +13,8 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine, noise_canvas
+from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.errors import PromptTooLong
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
