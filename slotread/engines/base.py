@@ -58,14 +58,18 @@ class SlotScores:
 
     ``logits[i]`` holds the float32 logits of slot i's label ids (same order as ``label_ids``);
     ``label_mass[i]`` is the probability the full vocabulary softmax puts on those labels together;
-    ``argmax_is_label[i]`` says whether the vocabulary argmax at the slot is one of the labels, and
-    ``argmax_id[i]`` is that argmax token id.
+    ``argmax_is_label[i]`` says whether the vocabulary argmax at the slot is one of the labels;
+    ``argmax_id[i]`` and ``argmax_logit[i]`` are that argmax token and its logit, and
+    ``log_normalizer[i]`` the logsumexp of the slot's full-vocabulary logits, so that
+    ``logit - log_normalizer`` is a token's log-probability (what a vLLM-style engine server returns).
     """
 
     logits: tuple[np.ndarray, ...]
     label_mass: tuple[float, ...]
     argmax_is_label: tuple[bool, ...]
     argmax_id: tuple[int, ...]
+    argmax_logit: tuple[float, ...]
+    log_normalizer: tuple[float, ...]
 
 
 class Engine(Protocol):

@@ -121,6 +121,8 @@ class DiffusionGemmaEngine:
                         label_mass=tuple(s.label_mass[0] for s in slots),
                         argmax_is_label=tuple(s.argmax_is_label[0] for s in slots),
                         argmax_id=tuple(s.argmax_id[0] for s in slots),
+                        argmax_logit=tuple(s.argmax_logit[0] for s in slots),
+                        log_normalizer=tuple(s.log_normalizer[0] for s in slots),
                     )
         return [scores[index] for index in range(len(requests))]
 

@@ -12,16 +12,17 @@ from slotread.engines.base import Slot, SlotScores
 
 def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list[SlotScores]:
     """Per row of ``logits`` (R, V), the scores of that row's slots: label logits, label mass (the
-    full-vocabulary softmax summed over the distinct label ids), the argmax id and whether it is a label."""
+    full-vocabulary softmax summed over the distinct label ids), the argmax
+    (id, logit, and whether it is a label) and the log normalizer."""
     rows = [r for r, row_slots in enumerate(slots) for slot in row_slots for _ in slot.label_ids]
     cols = [i for row_slots in slots for slot in row_slots for i in slot.label_ids]
     index = torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)
     picked = logits[index].cpu().numpy()  # all label logits of all slots, in order
     log_total = torch.logsumexp(logits, dim=-1).double().cpu().numpy()  # (R,)
-    top = logits.argmax(dim=-1).cpu().numpy()  # (R,)
+    top_logit, top = (t.cpu().numpy() for t in logits.max(dim=-1))  # (R,) each
     results, offset = [], 0
     for r, row_slots in enumerate(slots):
-        label_logits, masses, hits, tops = [], [], [], []
+        label_logits, masses, hits = [], [], []
         for slot in row_slots:
             values = picked[offset : offset + len(slot.label_ids)]
             offset += len(slot.label_ids)
@@ -30,6 +31,15 @@ def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list
             masses.append(float(np.exp(peak + np.log(np.exp(distinct - peak).sum()) - log_total[r])))
             label_logits.append(values.copy())
             hits.append(int(top[r]) in slot.label_ids)
-            tops.append(int(top[r]))
-        results.append(SlotScores(tuple(label_logits), tuple(masses), tuple(hits), tuple(tops)))
+        n = len(row_slots)
+        results.append(
+            SlotScores(
+                logits=tuple(label_logits),
+                label_mass=tuple(masses),
+                argmax_is_label=tuple(hits),
+                argmax_id=(int(top[r]),) * n,
+                argmax_logit=(float(top_logit[r]),) * n,
+                log_normalizer=(float(log_total[r]),) * n,
+            )
+        )
     return results

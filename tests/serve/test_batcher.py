@@ -75,7 +75,7 @@ class FailsOnSecond:
             assert self.go.wait(30)
         if self.marker in requests:
             raise ValueError("this read is bad")
-        return [SlotScores((np.zeros(2, np.float32),), (1.0,), (True,), (0,)) for _ in requests]
+        return [SlotScores((np.zeros(2, np.float32),), (1.0,), (True,), (0,), (0.0,), (np.log(2.0),)) for _ in requests]
 
 
 def test_a_failing_read_fails_only_its_own_caller(smollm2: LoadedModel) -> None:
