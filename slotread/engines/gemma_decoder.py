@@ -17,7 +17,8 @@ the fp32 tests compare with the library's forward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
 )
 
 from slotread.engines.attention import attend, merge
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,62 @@ def decode(
     return decoder.norm(hidden)
 
 
+def _norm(module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """``DiffusionGemmaRMSNorm`` as one fused kernel on a GPU (its eager form is six passes in float32)."""
+    global _compiled_rms_norm
+    if hidden.is_cuda and _compiled_rms_norm is not None:
+        try:
+            # 2D, so one compiled kernel serves every rank and shape (dynamic sizes, no recompiles)
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            eps = float(getattr(module, "eps"))  # noqa: B009 (mypy types module attributes as Tensor | Module)
+            return _compiled_rms_norm(flat, getattr(module, "weight", None), eps).view(hidden.shape)
+        except Exception:  # no working compiler here (no Triton, say): stay eager from now on
+            logger.warning("torch.compile failed for RMSNorm; using the eager module", exc_info=True)
+            _compiled_rms_norm = None
+    return module(hidden)
+
+
+def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    normed = hidden.float()
+    normed = normed * torch.pow(normed.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        normed = normed * weight.float()
+    return normed.type_as(hidden)
+
+
+_compiled_rms_norm: Callable[[torch.Tensor, torch.Tensor | None, float], torch.Tensor] | None = torch.compile(
+    _rms_norm, dynamic=True
+)
+
+
+def _experts(
+    layer: DiffusionGemmaDecoderTextLayer, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """The routed experts as two grouped GEMMs over the token copies sorted by expert.
+
+    The library's grouped path also masks sentinel rows that plain top-k routing never produces
+    (two full passes over the copies); the combine is the same deterministic gather and sum.
+    """
+    experts = layer.experts
+    if not hidden.is_cuda:
+        return experts(hidden, index, weights)
+    tokens, k = index.shape
+    flat = index.reshape(-1)
+    order = torch.argsort(flat)
+    offsets = torch.cumsum(torch.bincount(flat, minlength=experts.gate_up_proj.shape[0]), 0, dtype=torch.int32)
+    gate, up = _grouped(hidden[order // k], experts.gate_up_proj, offsets).chunk(2, dim=-1)
+    out = _grouped(experts.act_fn(gate) * up, experts.down_proj, offsets) * weights.reshape(-1)[order, None]
+    unsorted = torch.empty_like(out)
+    unsorted[order] = out
+    return unsorted.view(tokens, k, -1).sum(dim=1).to(hidden.dtype)
+
+
+def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """rows (S, in) @ weight[e].T for each expert's run of rows; weight (E, out, in)."""
+    grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
+    return grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
+
+
 def _layer(
     layer: DiffusionGemmaDecoderTextLayer,
     index: int,
@@ -86,15 +145,16 @@ def _layer(
 ) -> torch.Tensor:
     """``DiffusionGemmaDecoderTextLayer.forward`` with the attention in two parts."""
     residual = hidden
-    attended = _attention(layer, index, layer.input_layernorm(hidden), cos, sin, canvas_bias, shared, own)
-    hidden = residual + layer.post_attention_layernorm(attended)
+    attended = _attention(layer, index, _norm(layer.input_layernorm, hidden), cos, sin, canvas_bias, shared, own)
+    hidden = residual + _norm(layer.post_attention_layernorm, attended)
 
     residual = hidden
-    dense = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+    dense = _norm(layer.post_feedforward_layernorm_1, layer.mlp(_norm(layer.pre_feedforward_layernorm, hidden)))
     flat = residual.reshape(-1, residual.shape[-1])
     _, weights, experts = layer.router(flat)
-    routed = layer.experts(layer.pre_feedforward_layernorm_2(flat), experts, weights).reshape(residual.shape)
-    hidden = residual + layer.post_feedforward_layernorm(dense + layer.post_feedforward_layernorm_2(routed))
+    routed = _experts(layer, _norm(layer.pre_feedforward_layernorm_2, flat), experts, weights).reshape(residual.shape)
+    combined = dense + _norm(layer.post_feedforward_layernorm_2, routed)
+    hidden = residual + _norm(layer.post_feedforward_layernorm, combined)
     return hidden * layer.layer_scalar
 
 
@@ -111,12 +171,12 @@ def _attention(
     """The attention block of one layer: projections, both parts, merge, output projection."""
     attn = layer.self_attn
     batch, columns, _ = hidden.shape  # B, C
-    query = attn.q_norm(attn.q_proj(hidden).view(batch, columns, -1, attn.head_dim))  # (B, C, H, d)
+    query = _norm(attn.q_norm, attn.q_proj(hidden).view(batch, columns, -1, attn.head_dim))  # (B, C, H, d)
     query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2)
     keys = attn.k_proj(hidden).view(batch, columns, -1, attn.head_dim)  # (B, C, kvh, d)
     values = attn.v_proj(hidden).view(keys.shape) if attn.v_proj is not None else keys
-    keys = apply_rotary_pos_emb(attn.k_norm(keys), cos, sin, unsqueeze_dim=2).transpose(1, 2)  # (B, kvh, C, d)
-    values = attn.v_norm(values).transpose(1, 2)
+    keys = apply_rotary_pos_emb(_norm(attn.k_norm, keys), cos, sin, unsqueeze_dim=2).transpose(1, 2)  # (B, kvh, C, d)
+    values = _norm(attn.v_norm, values).transpose(1, 2)
     kv_heads = keys.shape[1]
     # (B, kvh, g * C, d): a kv head's g query heads as one longer query sequence
     grouped = query.transpose(1, 2).reshape(batch, kv_heads, -1, attn.head_dim)

@@ -1,0 +1,430 @@
+"""DiffusionGemma reads on one GPU: the library's naive read against slotread's engine, side by side.
+
+    PYTHONPATH=. python bench/gpu_reads.py [--layers 30] [--quick]
+
+Builds the real 26B-A4B shape (30 layers, 128 experts top-8, bfloat16, ~50 GB) with random weights on
+the GPU (no download) and times, on the same inputs:
+
+* naive: what a transformers user writes: the prompt's encoder cache expanded to the batch, the
+  encoder over each read's own tokens, the decoder, then ``lm_head`` and the softcap over every
+  canvas position in float32 (the library's own forward for (a));
+* slotread: ``DiffusionGemmaEngine.read`` with its prefix cache.
+
+Scenarios: (a) no prefix reuse, 1600-token prompts, 64-token canvases; (b) a shared 1500-token schema
+prefix (cached) + 100 own tokens per read; (c) prompt cached, canvas only (K noise draws of one
+prompt); (d) 3-question decisions, each question a read of a 16-token canvas after its own cached
+1500-token schema and the decision's 100-token state, at concurrency 1 and 32 (the server's batcher
+hands concurrent decisions' reads to one ``read``).
+
+Reads/s = batch / median batch time; p50/p99 are per batch (every read in a batch waits for it).
+The ceiling is the FLOPs a read needs at 40% of the bf16 peak measured here. Before timing, the
+engine's slot logits are checked against the naive path: float32 on a 2-layer slice of the same shape
+(tolerance 1e-3) and bfloat16 on the full model (stated as the max |Δ|), and a read alone against the
+same read inside a mixed batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig, DynamicCache
+from transformers.models.gemma4 import Gemma4VisionConfig
+
+from slotread.engines.base import ReadRequest, Slot
+from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.noise import noise_canvas
+from slotread.engines.prefix_cache import PrefixCache
+
+#: The 26B-A4B text shape (Gemma-4 26B-A4B): 25.2B parameters, 3.8B active per token.
+SHAPE = {
+    "hidden_size": 2816,
+    "intermediate_size": 2112,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_global_key_value_heads": 2,
+    "num_experts": 128,
+    "top_k_experts": 8,
+    "moe_intermediate_size": 704,
+    "sliding_window": 1024,
+    "max_position_embeddings": 131072,
+    "final_logit_softcapping": 30.0,
+    "vocab_size": 262144,
+}
+TINY_VISION = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "patch_size": 4,
+    "position_embedding_size": 64,
+    "pooling_kernel_size": 2,
+}
+VOCAB = SHAPE["vocab_size"]
+
+
+def build(layers: int, dtype: torch.dtype) -> DiffusionGemmaForBlockDiffusion:
+    """The shape with random weights, built directly on the GPU."""
+    kinds = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+    kinds[-1] = "full_attention"
+    text = DiffusionGemmaTextConfig(**{**SHAPE, "num_hidden_layers": layers, "layer_types": kinds})
+    config = DiffusionGemmaConfig(text_config=text, vision_config=Gemma4VisionConfig(**TINY_VISION))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cuda"):
+            torch.manual_seed(0)
+            model = DiffusionGemmaForBlockDiffusion(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def ids(generator: torch.Generator, n: int) -> tuple[int, ...]:
+    return tuple(torch.randint(300, VOCAB, (n,), generator=generator).tolist())
+
+
+@dataclass
+class Scenario:
+    name: str
+    batch: int
+    make: Callable[[int], list[ReadRequest]]  # iteration -> the batch's requests
+    flops: float  # per read
+
+
+class Naive:
+    """The library's modules as a transformers user calls them."""
+
+    def __init__(self, model: DiffusionGemmaForBlockDiffusion) -> None:
+        self.model = model
+        self.config = model.config.get_text_config()
+        self.prefixes: dict[tuple[int, ...], DynamicCache] = {}
+
+    def prefix(self, prompt: tuple[int, ...]) -> DynamicCache:
+        if prompt not in self.prefixes:
+            cache = DynamicCache(config=self.config)
+            self.model.model.encoder(input_ids=torch.tensor([prompt], device="cuda"), past_key_values=cache)
+            self.prefixes[prompt] = cache
+        return self.prefixes[prompt]
+
+    def read(self, requests: list[ReadRequest], cached: int) -> list[torch.Tensor]:
+        """Label logits per request; ``cached`` leading segments come from the naive prefix store.
+
+        Rows must share those segments and have equal lengths (the scenarios make them so).
+        """
+        with torch.inference_mode():
+            return self._read(requests, cached)
+
+    def _read(self, requests: list[ReadRequest], cached: int) -> list[torch.Tensor]:
+        device = "cuda"
+        batch = len(requests)
+        noised = [noise_canvas(r.canvas, [s.position for s in r.slots], r.seed or 0, VOCAB) for r in requests]
+        if cached == 0:
+            prompt = torch.tensor([r.prompt_ids for r in requests], device=device)
+            out = self.model(input_ids=prompt, decoder_input_ids=torch.tensor(noised, device=device))
+            logits = out.logits
+        else:
+            head = sum(len(s) for s in requests[0].prompt[:cached])
+            base = self.prefix(requests[0].prompt_ids[:head])
+            cache = _expanded(base, batch, self.config)
+            own = [r.prompt_ids[head:] for r in requests]
+            length = len(requests[0].prompt_ids)
+            if own[0]:
+                self.model.model.encoder(
+                    input_ids=torch.tensor(own, device=device),
+                    position_ids=torch.arange(head, length, device=device)[None].expand(batch, -1),
+                    past_key_values=cache,
+                )
+            hidden = self.model.model.decoder(
+                decoder_input_ids=torch.tensor(noised, device=device),
+                past_key_values=cache,
+                decoder_position_ids=torch.arange(length, length + len(noised[0]), device=device)[None].expand(
+                    batch, -1
+                ),
+            ).last_hidden_state
+            cap = self.config.final_logit_softcapping
+            logits = cap * torch.tanh(self.model.lm_head(hidden).float() / cap)
+        return [logits[i, [s.position for s in r.slots]][:, list(r.slots[0].label_ids)] for i, r in enumerate(requests)]
+
+
+def _expanded(base: DynamicCache, batch: int, config: DiffusionGemmaTextConfig) -> DynamicCache:
+    """A cache whose layers view ``base``'s expanded to ``batch`` rows (the library copies on append)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = DynamicCache()
+    for (keys, values, _), kind, source in zip(base, config.layer_types, base.layers, strict=True):
+        sliding = kind == "sliding_attention"
+        layer = DynamicSlidingWindowLayer(config.sliding_window) if sliding else DynamicLayer()
+        expanded_keys, expanded_values = keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)
+        layer.lazy_initialization(expanded_keys, expanded_values)
+        layer.keys, layer.values = expanded_keys, expanded_values
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length = source.cumulative_length
+        cache.layers.append(layer)
+    return cache
+
+
+def flops_per_read(prompt_new: int, context: int, canvas: int) -> float:
+    """Forward FLOPs of one read: ``prompt_new`` encoder tokens (after ``context - prompt_new``
+    cached ones) and ``canvas`` decoder tokens attending to the ``context``-token prompt."""
+    s = SHAPE
+    h, layers = s["hidden_size"], s["num_hidden_layers"]
+    sliding, full = layers * 5 // 6, layers // 6
+    attn_proj = sliding * h * 256 * (16 + 8 + 8 + 16) + full * h * 512 * (16 + 2 + 16)
+    dense = layers * 3 * h * s["intermediate_size"]
+    experts = layers * s["top_k_experts"] * 3 * h * s["moe_intermediate_size"]
+    router = layers * h * s["num_experts"]
+    per_token = 2 * (attn_proj + dense + experts + router)
+
+    def attention(queries: int, keys: float) -> float:  # QK^T and PV, all layers
+        window = min(keys, s["sliding_window"])
+        return 4 * queries * (sliding * 16 * 256 * window + full * 16 * 512 * keys)
+
+    encoder = prompt_new * per_token + attention(prompt_new, context - prompt_new / 2)
+    decoder = canvas * per_token + attention(canvas, context + canvas) + 2 * h * VOCAB * 1  # head on the slot
+    return encoder + decoder
+
+
+def peak_tflops() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    torch.cuda.synchronize()
+    return 20 * 2 * 8192**3 / (time.perf_counter() - start) / 1e12
+
+
+def time_batches(run: Callable[[int], object], iterations: int) -> list[float]:
+    for warm in range(2):
+        run(-1 - warm)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iterations):
+        start = time.perf_counter()
+        run(i)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="fewer batch sizes")
+    parser.add_argument("--profile", action="store_true", help="print the top kernels of a (c) batch and stop")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    generator = torch.Generator().manual_seed(0)
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    tflops = peak_tflops()
+    ceiling = 0.4 * tflops * 1e12
+    print(f"bf16 matmul 8192^3: {tflops:.0f} TFLOP/s; ceiling = 40% of it", flush=True)
+
+    check_fp32_slice(generator)
+
+    start = time.perf_counter()
+    model = build(args.layers, torch.bfloat16)
+    print(
+        f"built {args.layers} layers in {time.perf_counter() - start:.0f} s, "
+        f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
+
+    engine = DiffusionGemmaEngine(
+        model, prefix_cache=PrefixCache(40 * 2**30), max_canvases=128, max_encode_tokens=16384
+    )
+    naive = Naive(model)
+    schema = [ids(generator, 1500) for _ in range(3)]
+    cached_prompt = (schema[0], ids(generator, 100))
+
+    def canvas_read(prompt: tuple[tuple[int, ...], ...], canvas: int, seed: int) -> ReadRequest:
+        label_ids = ids(generator, 8)
+        return ReadRequest(
+            prompt=prompt, canvas=ids(generator, canvas), slots=(Slot(canvas // 2, label_ids),), seed=seed
+        )
+
+    check_bf16(engine, naive, [canvas_read(cached_prompt, 64, seed) for seed in range(8)], cached=2)
+    check_bf16(engine, naive, [canvas_read((schema[1], ids(generator, 100)), 64, seed) for seed in range(8)], cached=1)
+    check_mixed(engine, cached_prompt, canvas_read, generator)
+
+    if args.profile:
+        engine.read([canvas_read(cached_prompt, 64, 0)])
+        for batch in (1, 64):
+            profile(
+                lambda b=batch: engine.read([canvas_read(cached_prompt, 64, k) for k in range(b)]), f"(c) B={batch}"
+            )
+        return
+
+    rows: list[tuple[str, ...]] = []
+
+    def measure(
+        name: str,
+        batch: int,
+        flops: float,
+        make: Callable[[int], list[ReadRequest]],
+        cached: int | None,
+        per: str = "reads",
+        unit: int = 1,
+    ) -> None:
+        torch.cuda.reset_peak_memory_stats()
+        made = {i: make(i) for i in range(-2, args.iterations)}
+        results = {}
+        for label, run in (
+            ("naive", lambda i: naive.read(made[i], cached)),
+            ("slotread", lambda i: engine.read(made[i])),
+        ):
+            if label == "naive" and cached is None:
+                continue
+            torch.cuda.reset_peak_memory_stats()
+            times = time_batches(run, args.iterations)
+            rate = batch / unit / statistics.median(times)
+            results[label] = rate
+            fraction = rate * unit * flops / ceiling
+            ratio = f"{rate / results['naive']:.1f}x" if "naive" in results and label != "naive" else ""
+            rows.append(
+                (
+                    name,
+                    label,
+                    str(batch // unit),
+                    f"{rate:.1f} {per}/s",
+                    f"{percentile(times, 0.5) * 1e3:.1f}",
+                    f"{percentile(times, 0.99) * 1e3:.1f}",
+                    f"{torch.cuda.max_memory_allocated() / 2**30:.1f}",
+                    ratio,
+                    f"{fraction:.0%}",
+                )
+            )
+            print(" | ".join(rows[-1]), flush=True)
+
+    # (c) prompt cached, canvas only: K noise draws of one prompt
+    engine.read([canvas_read(cached_prompt, 64, 0)])
+    for batch in (1, 64, 128) if args.quick else (1, 16, 64, 128):
+        measure(
+            "(c) cached",
+            batch,
+            flops_per_read(0, 1600, 64),
+            lambda i, b=batch: [canvas_read(cached_prompt, 64, 1000 * i + k) for k in range(b)],
+            cached=2,
+        )
+    # (b) shared 1500-token prefix + 100 own tokens
+    for batch in (32,) if args.quick else (8, 32, 64):
+        measure(
+            "(b) shared prefix",
+            batch,
+            flops_per_read(100, 1600, 64),
+            lambda i, b=batch: [canvas_read((schema[0], ids(generator, 100)), 64, k) for k in range(b)],
+            cached=1,
+        )
+    # (a) no prefix reuse
+    for batch in (1, 8) if args.quick else (1, 4, 8):
+        measure(
+            "(a) no reuse",
+            batch,
+            flops_per_read(1600, 1600, 64),
+            lambda i, b=batch: [canvas_read((ids(generator, 1600),), 64, k) for k in range(b)],
+            cached=0,
+        )
+    # (d) 3-question decisions, isolated reads on 16-token canvases
+    for concurrency in (1, 32):
+
+        def decisions(i: int, c: int = concurrency) -> list[ReadRequest]:
+            states = [ids(generator, 100) for _ in range(c)]
+            return [canvas_read((schema[q], state), 16, 3 * k + q) for k, state in enumerate(states) for q in range(3)]
+
+        measure(
+            f"(d) decisions c={concurrency}",
+            3 * concurrency,
+            flops_per_read(100, 1600, 16),
+            decisions,
+            cached=None,
+            per="decisions",
+            unit=3,
+        )
+
+    print("\nscenario | path | batch | rate | p50 ms | p99 ms | peak GiB | vs naive | of 40% ceiling")
+    for row in rows:
+        print(" | ".join(row))
+
+
+def profile(run: Callable[[], object], name: str) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    print(f"\n{name}: {wall * 1e3:.1f} ms wall")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+
+
+def check_fp32_slice(generator: torch.Generator) -> None:
+    """Engine vs naive in float32 on a 2-layer slice (one sliding, one full layer) of the shape."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build(2, torch.float32)
+    engine = DiffusionGemmaEngine(model, shared_min=256)
+    naive = Naive(model)
+    head = ids(generator, 1500)
+    requests = [
+        ReadRequest((head, ids(generator, 100)), ids(generator, 64), (Slot(5, ids(generator, 8)),), seed=s)
+        for s in range(4)
+    ]
+    engine.read(requests[:1])  # cache the head
+    got = engine.read(requests)
+    want = naive.read(requests, cached=1)
+    worst = max(float((torch.tensor(g.logits[0]) - w[0].cpu()).abs().max()) for g, w in zip(got, want, strict=True))
+    print(f"fp32 2-layer slice: max |engine - naive| label logit {worst:.2e} (tolerance 1e-3)", flush=True)
+    assert worst <= 1e-3, worst
+    del model, engine, naive
+    torch.cuda.empty_cache()
+
+
+def check_bf16(engine: DiffusionGemmaEngine, naive: Naive, requests: list[ReadRequest], cached: int) -> None:
+    got = engine.read(requests)
+    want = naive.read(requests, cached=cached)
+    worst = max(
+        float((torch.tensor(g.logits[0]) - w[0].float().cpu()).abs().max()) for g, w in zip(got, want, strict=True)
+    )
+    scale = max(float(w[0].abs().max()) for w in want)
+    # the naive path's own batch noise: the first read alone against itself inside the batch
+    noise = float((naive.read(requests[:1], cached=cached)[0] - want[0]).abs().max())
+    print(
+        f"bf16 full model, {cached} cached segment(s): max |engine - naive| {worst:.3f} on logits up to {scale:.1f};"
+        f" naive alone vs naive in the batch: {noise:.3f}",
+        flush=True,
+    )
+
+
+def check_mixed(engine: DiffusionGemmaEngine, prompt: tuple[tuple[int, ...], ...], canvas_read, generator) -> None:
+    one = canvas_read(prompt, 64, 7)
+    alone = engine.read([one])[0]
+    others = [canvas_read((prompt[0], ids(generator, 100)), 64, s) for s in range(15)]
+    mixed = engine.read([*others[:7], one, *others[7:]])[7]
+    delta = float(abs(alone.logits[0] - mixed.logits[0]).max())
+    print(f"bf16: a read alone vs in a mixed batch of 16: max |Δ logit| {delta:.3g}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
