@@ -34,7 +34,7 @@ def attend(
             query.shape[:-1], MASKED, dtype=torch.float32
         )
     if query.is_cuda and _fused_ok(query.shape[-1]):
-        fused_bias = None if bias is None else _aligned(bias, query.dtype).expand(-1, keys.shape[1], query.shape[2], -1)
+        fused_bias = None if bias is None else _aligned(bias, query.dtype).expand(*query.shape[:3], -1)
         out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
             query, keys, values, fused_bias, True, 0.0, False, scale=1.0
         )

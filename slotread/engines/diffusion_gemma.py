@@ -41,12 +41,11 @@ from itertools import groupby
 
 import torch
 import torch.nn.functional as F
-from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.attention import MASKED
 from slotread.engines.base import Family, ReadRequest, SlotScores
-from slotread.engines.gemma_decoder import OwnPrompt, SharedPart, decode
+from slotread.engines.gemma_forward import OwnPrompt, SharedPart, decode, encode
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import score_slots
@@ -105,7 +104,7 @@ class DiffusionGemmaEngine:
         self.shared_min = shared_min
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(DEFAULT_CACHE_BYTES)
         self._model = model.eval()
-        self._encoder = model.model.encoder
+        self._encoder = model.model.encoder.language_model
         self._decoder = model.model.decoder
         self._head = model.lm_head
         self._softcap = float(self._config.final_logit_softcapping)
@@ -177,7 +176,7 @@ class DiffusionGemmaEngine:
             encoded: dict[Ids, PrefixKV] = {}
             for group in self._encoder_batches(rows):
                 starts = [rows[prefix][0] for prefix in group]
-                parents = [kv for prefix in group if (kv := rows[prefix][1]) is not None]
+                parents = [rows[prefix][1] for prefix in group]
                 for prefix, kv in zip(group, self._encode_rows(group, starts, parents), strict=True):
                     self.prefix_cache.put(prefix, kv)
                     encoded[prefix] = kv
@@ -196,66 +195,45 @@ class DiffusionGemmaEngine:
             return len(prefix) - rows[prefix][0], rows[prefix][1] is None
 
         for (new, _), run in groupby(sorted(rows, key=key), key=key):
-            group = list(run)
+            group = sorted(run, key=lambda prefix: id(rows[prefix][1]))  # rows sharing a parent adjacent
             size = max(1, self.max_encode_tokens // new)
             for start in range(0, len(group), size):
                 yield group[start : start + size]
 
-    def _encode_rows(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV]) -> list[PrefixKV]:
-        """Encode ``prefix[start:]`` of each row (one length for all) continuing its parent's KV
-        (``parents`` is empty when every start is 0); returns each whole prefix's KV."""
+    def _encode_rows(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV | None]) -> list[PrefixKV]:
+        """Encode ``prefix[start:]`` of each row (one length N for all) continuing its parent's KV
+        (rows sharing a parent adjacent; all rows have one or none); returns each whole prefix's KV."""
         device = self._model.device
         new = len(prefixes[0]) - starts[0]  # N
-        width = max(starts)  # P: the parents' padded width
-        cache = self._batch_cache(parents, starts) if parents else DynamicCache(config=self._config)
-        mask = [[0] * (width - start) + [1] * (start + new) for start in starts] if parents else None
-        self._encoder(
-            input_ids=torch.tensor(
+        runs = [list(run) for _, run in groupby(parents, key=id)]
+        parts = [
+            SharedPart(rows=len(run), keys=run[0].keys, values=run[0].values) for run in runs if run[0] is not None
+        ]
+        layers = encode(
+            self._encoder,
+            self._config.layer_types,
+            self._config.sliding_window,
+            tokens=torch.tensor(
                 [prefix[start:] for prefix, start in zip(prefixes, starts, strict=True)], device=device
             ),
-            position_ids=torch.tensor([list(range(start, start + new)) for start in starts], device=device),
-            attention_mask=None if mask is None else torch.tensor(mask, device=device),  # (B, P + N)
-            past_key_values=cache,
-            use_cache=True,
-        )
-        layers = list(cache)  # per layer: keys, values (B, kvh, T_l, hd), sliding window or None
+            positions=torch.tensor([list(range(start, start + new)) for start in starts], device=device),
+            parents=parts,
+        )  # per layer: keys, values (B, kvh, N, d)
+        held = self._config.sliding_window - 1  # the prompt tokens a sliding layer keeps
         kvs = []
-        for row, start in enumerate(starts):
-            # the row's tokens are the last start + N columns (or all T_l a sliding layer holds);
-            # copy so the entry owns its bytes instead of viewing the batch
-            kvs.append(
-                PrefixKV(
-                    keys=tuple(
-                        k[row : row + 1, :, max(0, k.shape[-2] - start - new) :].contiguous() for k, _, _ in layers
-                    ),
-                    values=tuple(
-                        v[row : row + 1, :, max(0, v.shape[-2] - start - new) :].contiguous() for _, v, _ in layers
-                    ),
-                )
-            )
+        for row, parent in enumerate(parents):
+            keys, values = [], []
+            for index, (layer_keys, layer_values) in enumerate(layers):
+                own_keys, own_values = layer_keys[row : row + 1], layer_values[row : row + 1]
+                if parent is not None:
+                    own_keys = torch.cat([parent.keys[index], own_keys], dim=2)
+                    own_values = torch.cat([parent.values[index], own_values], dim=2)
+                keep = held if self._config.layer_types[index] == "sliding_attention" else own_keys.shape[2]
+                # copy, so the entry owns its bytes instead of viewing the batch
+                keys.append(own_keys[:, :, -keep:].contiguous())
+                values.append(own_values[:, :, -keep:].contiguous())
+            kvs.append(PrefixKV(keys=tuple(keys), values=tuple(values)))
         return kvs
-
-    def _batch_cache(self, prompts: Sequence[PrefixKV], lengths: Sequence[int]) -> DynamicCache:
-        """A decoder cache holding row r's prompt KV (``lengths[r]`` tokens), left-padded with zeros.
-
-        Layers are filled directly: ``DynamicCache.update`` would copy an expanded view, and a
-        sliding layer must report the padded prompt width as its ``cumulative_length`` (not the
-        W - 1 tokens it holds) for the library to cut the 2D mask at the right place.
-        """
-        width = max(lengths)  # P
-        cache = DynamicCache()
-        for index, layer_type in enumerate(self._config.layer_types):
-            held = max(kv.keys[index].shape[-2] for kv in prompts)  # P, or min(P, W - 1) when sliding
-            keys = _left_padded([kv.keys[index] for kv in prompts], held)  # (B, kvh, held, hd)
-            values = _left_padded([kv.values[index] for kv in prompts], held)
-            sliding = layer_type == "sliding_attention"
-            layer = DynamicSlidingWindowLayer(self._config.sliding_window) if sliding else DynamicLayer()
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys, values
-            if isinstance(layer, DynamicSlidingWindowLayer):
-                layer.cumulative_length = width
-            cache.layers.append(layer)
-        return cache
 
     def _plan(self, request: ReadRequest, boundaries: dict[int, PrefixKV]) -> _Read:
         """Split the request's prompt into the shared part (the shortest available boundary of at
