@@ -272,6 +272,9 @@ def main() -> None:
             profile(
                 lambda b=batch: engine.read([canvas_read(cached_prompt, 64, k) for k in range(b)]), f"(c) B={batch}"
             )
+        profile(
+            lambda: engine.read([canvas_read((schema[0], ids(generator, 100)), 64, k) for k in range(32)]), "(b) B=32"
+        )
         return
 
     rows: list[tuple[str, ...]] = []
@@ -377,7 +380,7 @@ def profile(run: Callable[[], object], name: str) -> None:
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     print(f"\n{name}: {wall * 1e3:.1f} ms wall")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 
 
 def check_fp32_slice(generator: torch.Generator) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from slotread.engines import fused
+
 #: Large negative bias for masked keys: finite, so a row whose keys are all masked in one part gives
 #: an LSE near -1e30 and weight 0 in the merge instead of NaN.
 MASKED = -1e30
@@ -51,11 +53,11 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """The attention over the union of the parts' keys, from each part's (output, lse)."""
     if len(parts) == 1:
         return parts[0][0]
-    lses = torch.stack([lse for _, lse in parts])  # (n, ..., Q)
-    weights = torch.softmax(lses, dim=0)[..., None]  # each part's share of the total softmax mass
-    merged = sum(w * out.float() for w, (out, _) in zip(weights, parts, strict=True))
-    assert isinstance(merged, torch.Tensor)
-    return merged.to(parts[0][0].dtype)
+    (first, first_lse), *rest = parts
+    for second, second_lse in rest:
+        merged = fused.merge_two(first, first_lse, second, second_lse)
+        first, first_lse = merged, torch.logaddexp(first_lse, second_lse)
+    return first
 
 
 _FUSED_HEAD_DIMS: dict[int, bool] = {}

@@ -220,19 +220,27 @@ class DiffusionGemmaEngine:
             parents=parts,
         )  # per layer: keys, values (B, kvh, N, d)
         held = self._config.sliding_window - 1  # the prompt tokens a sliding layer keeps
-        kvs = []
-        for row, parent in enumerate(parents):
+        kvs: list[PrefixKV] = []
+        start = 0
+        for run in runs:  # rows continuing one parent (or none): one copy per layer for the run
+            rows, parent = slice(start, start + len(run)), run[0]
             keys, values = [], []
             for index, (layer_keys, layer_values) in enumerate(layers):
-                own_keys, own_values = layer_keys[row : row + 1], layer_values[row : row + 1]
+                new_keys, new_values = layer_keys[rows], layer_values[rows]
                 if parent is not None:
-                    own_keys = torch.cat([parent.keys[index], own_keys], dim=2)
-                    own_values = torch.cat([parent.values[index], own_values], dim=2)
-                keep = held if self._config.layer_types[index] == "sliding_attention" else own_keys.shape[2]
-                # copy, so the entry owns its bytes instead of viewing the batch
-                keys.append(own_keys[:, :, -keep:].contiguous())
-                values.append(own_values[:, :, -keep:].contiguous())
-            kvs.append(PrefixKV(keys=tuple(keys), values=tuple(values)))
+                    width = (len(run), -1, -1, -1)
+                    new_keys = torch.cat([parent.keys[index].expand(width), new_keys], dim=2)
+                    new_values = torch.cat([parent.values[index].expand(width), new_values], dim=2)
+                keep = held if self._config.layer_types[index] == "sliding_attention" else new_keys.shape[2]
+                keys.append(new_keys[:, :, -keep:].contiguous())
+                values.append(new_values[:, :, -keep:].contiguous())
+            # each row's entry views its row of the run's tensors (evicting it frees the run's
+            # bytes only once every row of the run is evicted)
+            kvs.extend(
+                PrefixKV(keys=tuple(k[r : r + 1] for k in keys), values=tuple(v[r : r + 1] for v in values))
+                for r in range(len(run))
+            )
+            start += len(run)
         return kvs
 
     def _plan(self, request: ReadRequest, boundaries: dict[int, PrefixKV]) -> _Read:

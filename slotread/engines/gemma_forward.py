@@ -28,9 +28,9 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
     DiffusionGemmaDecoderTextLayer,
     DiffusionGemmaEncoderTextLayer,
     DiffusionGemmaEncoderTextModel,
-    apply_rotary_pos_emb,
 )
 
+from slotread.engines import fused
 from slotread.engines.attention import MASKED, attend, merge
 
 logger = logging.getLogger(__name__)
@@ -164,31 +164,10 @@ def _shared_attention(
 
 
 def _norm(module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """``DiffusionGemmaRMSNorm`` as one fused kernel on a GPU (its eager form is six passes in float32)."""
-    global _compiled_rms_norm
-    if hidden.is_cuda and _compiled_rms_norm is not None:
-        try:
-            # 2D, so one compiled kernel serves every rank and shape (dynamic sizes, no recompiles)
-            flat = hidden.reshape(-1, hidden.shape[-1])
-            eps = float(getattr(module, "eps"))  # noqa: B009 (mypy types module attributes as Tensor | Module)
-            return _compiled_rms_norm(flat, getattr(module, "weight", None), eps).view(hidden.shape)
-        except Exception:  # no working compiler here (no Triton, say): stay eager from now on
-            logger.warning("torch.compile failed for RMSNorm; using the eager module", exc_info=True)
-            _compiled_rms_norm = None
-    return module(hidden)
-
-
-def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    normed = hidden.float()
-    normed = normed * torch.pow(normed.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    if weight is not None:
-        normed = normed * weight.float()
-    return normed.type_as(hidden)
-
-
-_compiled_rms_norm: Callable[[torch.Tensor, torch.Tensor | None, float], torch.Tensor] | None = torch.compile(
-    _rms_norm, dynamic=True
-)
+    """A ``DiffusionGemmaRMSNorm`` module applied through the fused kernel (2D: one compiled shape family)."""
+    eps = float(getattr(module, "eps"))  # noqa: B009 (mypy types module attributes as Tensor | Module)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return fused.rms_norm(flat, getattr(module, "weight", None), eps).view(hidden.shape)
 
 
 def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -200,15 +179,15 @@ def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: t
     experts = layer.experts
     if not hidden.is_cuda:
         return experts(hidden, index, weights)
-    tokens, k = index.shape
+    k = index.shape[1]
     flat = index.reshape(-1)
     order = torch.argsort(flat)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
     offsets = torch.cumsum(torch.bincount(flat, minlength=experts.gate_up_proj.shape[0]), 0, dtype=torch.int32)
     gate, up = _grouped(hidden[order // k], experts.gate_up_proj, offsets).chunk(2, dim=-1)
-    out = _grouped(experts.act_fn(gate) * up, experts.down_proj, offsets) * weights.reshape(-1)[order, None]
-    unsorted = torch.empty_like(out)
-    unsorted[order] = out
-    return unsorted.view(tokens, k, -1).sum(dim=1).to(hidden.dtype)
+    out = _grouped(experts.act_fn(gate) * up, experts.down_proj, offsets)
+    return fused.combine(out, weights.reshape(-1)[order], inverse, k).to(hidden.dtype)
 
 
 def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -231,11 +210,12 @@ def _layer(
     residual = hidden
     normed = _norm(layer.input_layernorm, hidden)
     batch, length, _ = normed.shape  # B, L
-    query = _norm(attn.q_norm, attn.q_proj(normed).view(batch, length, -1, attn.head_dim))  # (B, L, H, d)
-    query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2)
+    eps = float(getattr(attn.q_norm, "eps"))  # noqa: B009 (mypy types module attributes as Tensor | Module)
+    query = attn.q_proj(normed).view(batch, length, -1, attn.head_dim)  # (B, L, H, d)
+    query = fused.norm_rotary(query, attn.q_norm.weight, eps, cos, sin)
     keys = attn.k_proj(normed).view(batch, length, -1, attn.head_dim)  # (B, L, kvh, d)
     values = attn.v_proj(normed).view(keys.shape) if attn.v_proj is not None else keys
-    keys = apply_rotary_pos_emb(_norm(attn.k_norm, keys), cos, sin, unsqueeze_dim=2).transpose(1, 2)  # (B, kvh, L, d)
+    keys = fused.norm_rotary(keys, attn.k_norm.weight, eps, cos, sin).transpose(1, 2)  # (B, kvh, L, d)
     values = _norm(attn.v_norm, values).transpose(1, 2)
     # (B, kvh, g * L, d): a kv head's g query heads as one longer query sequence
     grouped = query.transpose(1, 2).reshape(batch, keys.shape[1], -1, attn.head_dim)
