@@ -75,7 +75,8 @@ class MaskedEngine:
     """Reads label logits at the masked slots of a masked or masked-diffusion LM.
 
     ``max_batch_rows`` bounds the sequences of one forward; ``max_tokens`` (prompt + canvas of one
-    read) defaults to the config's ``max_position_embeddings``.
+    read) defaults to the config's ``max_position_embeddings``. One ``read`` at a time: the read-row
+    hook sits on the shared model while it runs (the server's batcher serialises engine calls).
     """
 
     family: Family = "masked"
