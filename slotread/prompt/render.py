@@ -15,8 +15,8 @@ then the schema and the request in the family's fixed layout, see ``LAYOUTS``):
 A causal model reads the slot as the first token of its reply; the questions of one decision are
 branches sharing the state's KV. DiffusionGemma reads every slot of a fixed-length canvas in one
 decoder step, and one question's schema is a prefix shared by every state it is asked about. A joint
-canvas (DiffusionGemma only) numbers the questions in one prompt and puts one "n: <slot>" line per
-question in the canvas.
+canvas (DiffusionGemma and masked models) numbers the questions in one prompt and puts one
+"n: <slot>" line per question in the canvas.
 
 A masked model (BERT family, ModernBERT, LLaDA, Dream) reads its canvas like DiffusionGemma, all
 slots at once, but with the mask token at each slot and the whole sequence in one forward. Without a
