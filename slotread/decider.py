@@ -21,7 +21,7 @@ from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.errors import ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model
-from slotread.models.masked import masked_adapter
+from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Renderer

@@ -21,8 +21,8 @@ logits equal the model's full ones; a model whose logits do not come from its ou
 by row is refused.
 
 What differs between checkpoints (mask id, read offset, the attention mask's form) comes in a
-``MaskedAdapter`` built from the checkpoint's config (``slotread.models.masked``); the reader never
-looks at a model's name.
+``MaskedAdapter`` built from the checkpoint's config (``slotread.models.masked_adapter``); the reader
+never looks at a model's name.
 
 Tolerance: a read's result does not depend on the other requests of the call beyond float rounding:
 within 1e-5 in float32 on the CPU (tests measure it on tiny BERT, ModernBERT and Dream-style models).

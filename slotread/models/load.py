@@ -7,8 +7,8 @@
 * A directory is loaded as it is. Its ``config.json`` decides the class: model type
   ``diffusion_gemma`` loads as ``DiffusionGemmaForBlockDiffusion`` (family "diffusion"); a masked LM
   (a ``*ForMaskedLM`` architecture, or remote code whose config names a ``mask_token_id``, see
-  ``slotread.models.masked``) as ``AutoModelForMaskedLM`` or, for remote code that registers only
-  ``AutoModel``, as ``AutoModel`` (family "masked"); anything else as ``AutoModelForCausalLM``
+  ``slotread.models.masked_adapter``) as ``AutoModelForMaskedLM`` or, for remote code that registers
+  only ``AutoModel``, as ``AutoModel`` (family "masked"); anything else as ``AutoModelForCausalLM``
   (family "causal"). A directory whose config has an ``auto_map`` runs the modeling code it holds
   (``trust_remote_code``): only local directories get here.
 
@@ -40,7 +40,7 @@ from transformers import (
 from slotread.errors import ModelLoadError
 from slotread.models.convert import convert_gguf, is_converted
 from slotread.models.fetch import default_cache_dir, fetch_artifact, sha256_file
-from slotread.models.masked import has_remote_code, is_masked
+from slotread.models.masked_adapter import has_remote_code, is_masked
 from slotread.models.registry import REGISTRY, Family
 
 # What transformers raises on missing, malformed or mismatched checkpoint files.

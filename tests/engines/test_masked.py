@@ -19,7 +19,7 @@ from slotread.engines.base import ReadRequest, Slot, SlotScores
 from slotread.engines.masked import MaskedAdapter, MaskedEngine
 from slotread.errors import ModelLoadError, PromptTooLong
 from slotread.models.load import LoadedModel
-from slotread.models.masked import masked_adapter
+from slotread.models.masked_adapter import masked_adapter
 
 Draw = Callable[[int], tuple[int, ...]]
 

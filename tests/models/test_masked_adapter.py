@@ -5,7 +5,7 @@ from transformers import BertConfig, LlamaConfig, ModernBertConfig
 
 from slotread.errors import ModelLoadError
 from slotread.models.load import LoadedModel
-from slotread.models.masked import is_masked, masked_adapter
+from slotread.models.masked_adapter import is_masked, masked_adapter
 from tests.engines.tiny_dream import TinyDreamConfig
 
 REMOTE = {"AutoConfig": "modeling_x.XConfig", "AutoModel": "modeling_x.XModel"}
