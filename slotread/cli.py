@@ -52,9 +52,13 @@ def _models_list(args: argparse.Namespace) -> int:
 
 def _models_tiny(args: argparse.Namespace) -> int:
     from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
+    from slotread.models.tiny_masked import write_tiny_masked_lm
 
-    path = write_tiny_diffusion_gemma(Path(args.out), cache_dir=args.cache_dir, seed=args.seed)
-    print(f"wrote a tiny random-weight DiffusionGemma to {path}; use it with --model {path}")
+    if args.architecture == "diffusion-gemma":
+        path = write_tiny_diffusion_gemma(Path(args.out), cache_dir=args.cache_dir, seed=args.seed)
+    else:
+        path = write_tiny_masked_lm(args.architecture, Path(args.out), cache_dir=args.cache_dir, seed=args.seed)
+    print(f"wrote a tiny random-weight {args.architecture} to {path}; use it with --model {path}")
     return 0
 
 
@@ -192,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = model_commands.add_parser("list", help="show the registry models and which are cached")
     listing.set_defaults(run=_models_list)
     tiny = model_commands.add_parser("tiny", help="write a tiny random-weight checkpoint")
-    tiny.add_argument("architecture", choices=["diffusion-gemma"], help="which architecture")
+    tiny.add_argument("architecture", choices=["diffusion-gemma", "bert", "modernbert"], help="which architecture")
     tiny.add_argument("--out", required=True, help="directory to write the checkpoint to")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tiny.set_defaults(run=_models_tiny)

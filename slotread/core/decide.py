@@ -3,7 +3,7 @@
 Isolated reads (the default) give each question its own prompt and canvas, so adding, removing,
 renaming or reordering other questions cannot move its answer: its noise seeds come from the request
 seed and its own token ids, never from its id or position. ``joint`` packs the questions of a stage
-into one DiffusionGemma canvas instead.
+into one canvas instead, on models that read every slot of a canvas at once (diffusion and masked).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def decide(decision: Decision, engine: Engine, renderer: Renderer, max_tokens: i
         asked = tuple(q for q in stage if is_asked(q, answers))
         if not asked:
             continue
-        groups = [asked] if decision.joint and renderer.family == "diffusion" else [(q,) for q in asked]
+        groups = [asked] if decision.joint and renderer.joint else [(q,) for q in asked]
         units = []
         for group in groups:
             texts = tuple(question_text(q, renderer) for q in group)

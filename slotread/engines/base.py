@@ -9,6 +9,9 @@ A read is one forward over ``prompt + canvas``:
   the canvas is the reply prefix followed by the slot, and nothing after the first slot is fed.
 * DiffusionGemma encodes the prompt into a KV cache, replaces each slot of the canvas by a noise
   token drawn from ``seed``, and reads every slot at its own position in one decoder step.
+* masked models (BERT family, ModernBERT, LLaDA, Dream) put the mask token at each slot and read
+  every slot in one bidirectional forward over the whole sequence, at the slot's position (Dream:
+  one before it).
 
 ``prompt`` is split into segments: an engine may cache the KV of every prefix that ends on a
 segment boundary (for example the system text, then the state), so reads sharing those segments
@@ -22,7 +25,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-Family = Literal["causal", "diffusion"]
+Family = Literal["causal", "diffusion", "masked"]
 
 
 @dataclass(frozen=True)

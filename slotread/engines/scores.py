@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -42,4 +43,16 @@ def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list
                 log_normalizer=(float(log_total[r]),) * n,
             )
         )
+    return results
+
+
+def score_slot_rows(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list[SlotScores]:
+    """Per request, the scores of its slots, where ``logits`` (S, V) holds one row per slot: every slot
+    of every request, in request then slot order (engines that read each slot at its own position)."""
+    per_slot = iter(score_slots(logits, [(slot,) for request_slots in slots for slot in request_slots]))
+    results = []
+    for request_slots in slots:
+        parts = [next(per_slot) for _ in request_slots]
+        values = {field.name: tuple(getattr(part, field.name)[0] for part in parts) for field in fields(SlotScores)}
+        results.append(SlotScores(**values))
     return results

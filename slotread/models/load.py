@@ -5,32 +5,42 @@
 * A ``.gguf`` file is converted once into ``<cache>/models/<stem>-<sha256 prefix>``; the file is
   hashed on every load (about a second per GB) so an edited file is converted again.
 * A directory is loaded as it is. Its ``config.json`` decides the class: model type
-  ``diffusion_gemma`` loads as ``DiffusionGemmaForBlockDiffusion`` (family "diffusion"), anything
-  else as ``AutoModelForCausalLM`` (family "causal").
+  ``diffusion_gemma`` loads as ``DiffusionGemmaForBlockDiffusion`` (family "diffusion"); a masked LM
+  (a ``*ForMaskedLM`` architecture, or remote code whose config names a ``mask_token_id``, see
+  ``slotread.models.masked_adapter``) as ``AutoModelForMaskedLM`` or, for remote code that registers
+  only ``AutoModel``, as ``AutoModel`` (family "masked"); anything else as ``AutoModelForCausalLM``
+  (family "causal"). A directory whose config has an ``auto_map`` runs the modeling code it holds
+  (``trust_remote_code``): only local directories get here.
 
 Nothing here reaches a model hub: every transformers call passes ``local_files_only=True``. Every
-failure raises ModelLoadError naming the model and the reason; slotread needs a tokenizer with a
-chat template, so a checkpoint without one is refused here.
+failure raises ModelLoadError naming the model and the reason; causal and diffusion reads go through
+the chat template, so their checkpoints need a tokenizer with one (masked LMs fall back to plain text).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoTokenizer,
     DiffusionGemmaForBlockDiffusion,
+    PretrainedConfig,
     PreTrainedTokenizerBase,
 )
 
 from slotread.errors import ModelLoadError
 from slotread.models.convert import convert_gguf, is_converted
 from slotread.models.fetch import default_cache_dir, fetch_artifact, sha256_file
+from slotread.models.masked_adapter import has_remote_code, is_masked
 from slotread.models.registry import REGISTRY, Family
 
 # What transformers raises on missing, malformed or mismatched checkpoint files.
@@ -71,6 +81,14 @@ def load_model(
     return _load_checkpoint(_checkpoint_dir(spec, cache), spec, device, dtype)
 
 
+def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer alone of a registry model, checkpoint directory or ``.gguf`` file (a registry
+    model is fetched and converted first, as ``load_model`` does)."""
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    directory = _checkpoint_dir(spec, cache)
+    return _load_tokenizer(directory, spec, _declares_remote_code(directory))
+
+
 def list_models(cache_dir: Path | None = None) -> list[ModelListing]:
     """Every registry model, and whether its converted checkpoint is already cached."""
     cache = cache_dir if cache_dir is not None else default_cache_dir()
@@ -108,23 +126,57 @@ def _checkpoint_dir(spec: str, cache: Path) -> Path:
 
 def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype) -> LoadedModel:
     """Tokenizer first (cheap to refuse), then the weights in the class the config names."""
+    remote = _declares_remote_code(directory)
     try:
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=remote)
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(name, f"{directory} has no readable config.json: {exc}") from exc
-    if not any((directory / file).is_file() for file in _TOKENIZER_FILES):
-        raise ModelLoadError(name, f"{directory} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except _LOAD_ERRORS as exc:
-        raise ModelLoadError(name, f"{directory} has no loadable tokenizer: {exc}") from exc
-    if not getattr(tokenizer, "chat_template", None):
+    tokenizer = _load_tokenizer(directory, name, remote)
+    family: Family = (
+        "diffusion" if config.model_type == "diffusion_gemma" else "masked" if is_masked(config) else "causal"
+    )
+    if family != "masked" and not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(name, f"the tokenizer in {directory} has no chat template")
-    family: Family = "diffusion" if config.model_type == "diffusion_gemma" else "causal"
-    model_class = DiffusionGemmaForBlockDiffusion if family == "diffusion" else AutoModelForCausalLM
     try:
-        model = model_class.from_pretrained(directory, dtype=dtype, device_map=device, local_files_only=True)
+        model = _model_class(config, family).from_pretrained(
+            directory, dtype=dtype, device_map=device, local_files_only=True, trust_remote_code=remote
+        )
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(name, f"cannot load the weights in {directory}: {exc}") from exc
     model.eval().requires_grad_(False)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family)
+
+
+def _load_tokenizer(directory: Path, name: str, remote: bool) -> PreTrainedTokenizerBase:
+    if not any((directory / file).is_file() for file in _TOKENIZER_FILES):
+        raise ModelLoadError(name, f"{directory} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})")
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            directory, local_files_only=True, trust_remote_code=remote
+        )
+    except _LOAD_ERRORS as exc:
+        raise ModelLoadError(name, f"{directory} has no loadable tokenizer: {exc}") from exc
+    return tokenizer
+
+
+def _model_class(config: PretrainedConfig, family: Family) -> type[Any]:
+    """The class that loads the checkpoint's weights for its family."""
+    if family == "diffusion":
+        return DiffusionGemmaForBlockDiffusion
+    if family == "causal":
+        return AutoModelForCausalLM
+    # remote masked-diffusion code (LLaDA, Dream) registers its LM under AutoModel
+    registered = getattr(config, "auto_map", None) or {}
+    return AutoModel if has_remote_code(config) and "AutoModelForMaskedLM" not in registered else AutoModelForMaskedLM
+
+
+def _declares_remote_code(directory: Path) -> bool:
+    """Whether the directory's config.json has an ``auto_map`` (modeling code in the directory).
+
+    An unreadable config says no here; ``AutoConfig`` then reports it.
+    """
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("auto_map"))

@@ -8,12 +8,21 @@ then the schema and the request in the family's fixed layout, see ``LAYOUTS``):
     diffusion, schema first:  [head] [instructions] [question + options]
                               [Input: state, earlier answers, reply instruction, template tail,
                                empty thought block] | canvas: Answer: <slot> <turn|> pad...
+    masked, state first:      [head] [instructions] [state, earlier answers]
+                              [question + options, reply instruction, template tail]
+                              | canvas: Answer: <slot> <reply end>
 
 A causal model reads the slot as the first token of its reply; the questions of one decision are
 branches sharing the state's KV. DiffusionGemma reads every slot of a fixed-length canvas in one
 decoder step, and one question's schema is a prefix shared by every state it is asked about. A joint
-canvas (DiffusionGemma only) numbers the questions in one prompt and puts one "n: <slot>" line per
-question in the canvas.
+canvas (DiffusionGemma and masked models) numbers the questions in one prompt and puts one
+"n: <slot>" line per question in the canvas.
+
+A masked model (BERT family, ModernBERT, LLaDA, Dream) reads its canvas like DiffusionGemma, all
+slots at once, but with the mask token at each slot and the whole sequence in one forward. Without a
+chat template (BERT's tokenizers have none) the prompt is plain text between the special tokens the
+tokenizer puts around a sequence: "[CLS] ... Answer: <slot> [SEP]". After the slot comes what ends a
+reply: the chat template's end of an assistant turn, or those closing special tokens.
 
 Why the causal prompt looks as it does: small chat models are very sensitive to it. Measured with
 qwen2.5-coder-1.5b-instruct (bf16, CPU) on 40 clearly polar SST-5 reviews as a yes/no read, the
@@ -37,9 +46,9 @@ from slotread.engines.base import Family, ReadRequest, Slot
 from slotread.prompt.labels import Alphabet, LabelSet, build_alphabet
 
 #: The reply text before the slot. A causal model's slot is the first token of its reply (measured, see
-#: the module docstring). The DiffusionGemma canvas keeps "Answer:" so that joint canvases ("1: A",
-#: "2: Yes") and single ones read alike (no real diffusion weights here to measure).
-REPLY_PREFIX: dict[Family, str] = {"causal": "", "diffusion": "Answer:"}
+#: the module docstring). DiffusionGemma and masked canvases keep "Answer:" so that joint canvases
+#: ("1: A", "2: Yes") and single ones read alike (no real diffusion or masked weights here to measure).
+REPLY_PREFIX: dict[Family, str] = {"causal": "", "diffusion": "Answer:", "masked": "Answer:"}
 #: DiffusionGemma's empty thought block, placed after the generation prompt, outside the canvas.
 THOUGHT_BLOCK = "<|channel>thought\n<channel|>"
 TURN_END = "<turn|>"
@@ -52,8 +61,12 @@ Layout = Literal["schema_first", "state_first"]
 #: the state, because small chat models answer what they read last (20 points better, see the module
 #: docstring), which outweighs caching the schema; the branches of one decision still share the
 #: state's KV. DiffusionGemma reads bidirectionally: schema first, so one schema's KV serves every
-#: state it is asked about.
-LAYOUTS: dict[Family, Layout] = {"causal": "state_first", "diffusion": "schema_first"}
+#: state it is asked about. Masked: no prefix KV can be shared (a bidirectional prefix's hidden states
+#: depend on what follows), so caching does not decide; the question goes after the state, next to the
+#: slot, where ModernBERT's local layers (a 128-token window) still see it beside a long state.
+LAYOUTS: dict[Family, Layout] = {"causal": "state_first", "diffusion": "schema_first", "masked": "state_first"}
+#: Marks where a reply goes when finding what the chat template puts after one.
+_REPLY_MARK = "SLOTREAD-REPLY"
 
 
 @dataclass(frozen=True)
@@ -153,27 +166,55 @@ def reply_instruction(question: QuestionText) -> str:
 class Renderer:
     """Turns question texts into engine reads for one tokenizer and model family.
 
-    Builds and verifies the tokenizer's label alphabet in the reply context at construction.
+    Builds and verifies the tokenizer's label alphabet in the reply context at construction. A masked
+    model's tokenizer may lack a chat template (plain text between its special tokens); the other
+    families need one.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, family: Family, layout: Layout | None = None) -> None:
-        if not getattr(tokenizer, "chat_template", None):
+        self._chat = bool(getattr(tokenizer, "chat_template", None))
+        if not self._chat and family != "masked":
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.family = family
         self.layout: Layout = layout or LAYOUTS[family]
-        self._after_slot = TURN_END if family == "diffusion" else ""
+        # what closes the canvas after the slot; a plain prompt opens with the tokenizer's own [CLS]
+        self._opening = ""
+        if family == "causal":
+            self._after_slot = ""
+        elif family == "diffusion":
+            self._after_slot = TURN_END
+        elif self._chat:
+            self._after_slot = self._reply_end()
+        else:
+            self._opening, self._after_slot = _special_ends(tokenizer)
         self.reply_prefix = REPLY_PREFIX[family]
-        # the label context: what precedes the slot in a causal read, or the canvas alone in a diffusion one
-        prefix = self.reply_prefix if family == "diffusion" else self._template("Question?") + self.reply_prefix
+        # the label context: what precedes the slot in a causal read, or the canvas alone otherwise
+        prefix = self._template("Question?") + self.reply_prefix if family == "causal" else self.reply_prefix
         self.alphabet: Alphabet = build_alphabet(tokenizer, prefix, self._after_slot)
 
+    @property
+    def joint(self) -> bool:
+        """Whether questions can share a canvas (``render_joint``): families that read all slots at once."""
+        return self.family != "causal"
+
     def _template(self, content: str) -> str:
+        if not self._chat:  # the plain masked-LM prompt; the canvas follows on the next line
+            return f"{self._opening}{content}\n"
         text = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
         )
         assert isinstance(text, str)
         return text + (THOUGHT_BLOCK if self.family == "diffusion" else "")
+
+    def _reply_end(self) -> str:
+        """What the chat template puts after an assistant reply (its end-of-turn token), stripped."""
+        messages = [{"role": "user", "content": "Question?"}, {"role": "assistant", "content": _REPLY_MARK}]
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        assert isinstance(text, str)
+        if _REPLY_MARK not in text:
+            raise ValueError("the chat template drops the assistant's reply; slotread cannot find where a reply ends")
+        return text[text.rindex(_REPLY_MARK) + len(_REPLY_MARK) :].strip()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -221,8 +262,9 @@ class Renderer:
         canvas = self._encode(self.reply_prefix + labels.lead)
         return (*canvas, labels.ids[0]), (Slot(len(canvas), labels.ids),)
 
-    def _diffusion_canvas(self, lines: list[tuple[str, LabelSet]]) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
-        """One line per slot (text before the slot, its labels), then <turn|> and pad to the bucket."""
+    def _slot_canvas(self, lines: list[tuple[str, LabelSet]]) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
+        """One line per slot (text before the slot, its labels), then the reply end (<turn|>, then pad
+        to the bucket, on DiffusionGemma)."""
         canvas: list[int] = []
         slots = []
         for index, (before, labels) in enumerate(lines):
@@ -231,7 +273,9 @@ class Renderer:
             canvas += self._encode(before + labels.lead)
             slots.append(Slot(len(canvas), labels.ids))
             canvas.append(labels.ids[0])
-        canvas += self._encode(TURN_END)
+        canvas += self._encode(self._after_slot)
+        if self.family != "diffusion":
+            return tuple(canvas), tuple(slots)
         pad = self.tokenizer.pad_token_id
         if pad is None:
             raise ValueError("the tokenizer has no pad token, which DiffusionGemma canvases need")
@@ -247,8 +291,8 @@ class Renderer:
     ) -> Rendered:
         """One question alone in its own prompt and canvas (the isolated read)."""
         prompt = self._prompt(question_block(question), state, instructions, earlier, reply_instruction(question))
-        if self.family == "diffusion":
-            canvas, slots = self._diffusion_canvas([(self.reply_prefix, question.labels)])
+        if self.family != "causal":
+            canvas, slots = self._slot_canvas([(self.reply_prefix, question.labels)])
         else:
             canvas, slots = self._causal_canvas(question.labels)
         return Rendered(prompt, canvas, slots)
@@ -260,12 +304,28 @@ class Renderer:
         instructions: str | None = None,
         earlier: tuple[EarlierAnswer, ...] = (),
     ) -> Rendered:
-        """Several questions numbered in one prompt, one slot each in one canvas (DiffusionGemma)."""
-        if self.family != "diffusion":
-            raise ValueError("joint canvases need a diffusion model; causal models read one branch per question")
+        """Several questions numbered in one prompt, one slot each in one canvas (diffusion and masked)."""
+        if not self.joint:
+            raise ValueError(
+                "joint canvases need a diffusion or masked model; causal models read one branch per question"
+            )
         schema = "\n\n".join(f"{n}. {question_block(q)}" for n, q in enumerate(questions, 1))
         reply = "\n".join(f"{n}. {reply_instruction(q)}" for n, q in enumerate(questions, 1))
         reply = "Answer every question, one line each, as '<number>: <answer>':\n" + reply
         prompt = self._prompt(schema, state, instructions, earlier, reply)
-        canvas, slots = self._diffusion_canvas([(f"{n}:", q.labels) for n, q in enumerate(questions, 1)])
+        canvas, slots = self._slot_canvas([(f"{n}:", q.labels) for n, q in enumerate(questions, 1)])
         return Rendered(prompt, canvas, slots)
+
+
+def _special_ends(tokenizer: PreTrainedTokenizerBase) -> tuple[str, str]:
+    """The special tokens the tokenizer puts before and after a sequence, as text ("[CLS]", "[SEP]" for
+    BERT; empty for most chat tokenizers)."""
+    bare = tokenizer.encode("x", add_special_tokens=False)
+    full = tokenizer.encode("x", add_special_tokens=True)
+    start = next((i for i in range(len(full)) if full[i : i + len(bare)] == bare), None)
+    if start is None:
+        raise ValueError("the tokenizer's special tokens change the text they surround")
+    opening, closing = full[:start], full[start + len(bare) :]
+    texts = tokenizer.decode(opening), tokenizer.decode(closing)
+    assert isinstance(texts[0], str) and isinstance(texts[1], str)
+    return texts[0], texts[1]

@@ -31,7 +31,7 @@ class RecordingEngine:
         return self.engine.read(requests)
 
 
-@pytest.fixture(scope="module", params=["smollm2", "tiny_diffusion"])
+@pytest.fixture(scope="module", params=["smollm2", "tiny_diffusion", "tiny_bert", "tiny_dream"])
 def decider(request: pytest.FixtureRequest) -> Decider:
     loaded: LoadedModel = request.getfixturevalue(request.param)
     return Decider(loaded)

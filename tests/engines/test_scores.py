@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from slotread.engines.base import Slot
-from slotread.engines.scores import score_slots
+from slotread.engines.scores import score_slot_rows, score_slots
 
 
 def test_scores_match_a_float64_softmax_by_hand():
@@ -19,3 +19,17 @@ def test_scores_match_a_float64_softmax_by_hand():
     assert second.argmax_is_label == (True,)
     # logit - log_normalizer is the vocabulary log-probability
     assert abs(second.argmax_logit[0] - second.log_normalizer[0] - np.log(probs[1, 1])) < 1e-6
+
+
+def test_one_row_per_slot_regroups_by_request():
+    logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 4.0, 1.0, 1.0], [1.0, 1.0, 5.0, 0.0]])
+    slots = [(Slot(0, (0, 1)), Slot(4, (1, 2))), (Slot(2, (2, 3)),)]
+    two_slots, one_slot = score_slot_rows(logits, slots)
+    rows = score_slots(logits, [(slot,) for request in slots for slot in request])
+    np.testing.assert_array_equal(two_slots.logits[0], [2.0, 0.5])
+    np.testing.assert_array_equal(two_slots.logits[1], [4.0, 1.0])
+    np.testing.assert_array_equal(one_slot.logits[0], [5.0, 0.0])
+    assert two_slots.argmax_id == (3, 1) and one_slot.argmax_id == (2,)
+    assert two_slots.label_mass == (rows[0].label_mass[0], rows[1].label_mass[0])
+    assert two_slots.log_normalizer == (rows[0].log_normalizer[0], rows[1].log_normalizer[0])
+    assert one_slot.argmax_is_label == (True,) and two_slots.argmax_is_label == (False, True)

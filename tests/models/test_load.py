@@ -1,5 +1,6 @@
 """Loading by registry name, directory or .gguf file, and every way loading can fail."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -126,3 +127,23 @@ def test_list_models_shows_what_is_cached(smollm2: LoadedModel, cache_dir: Path,
     assert listings[SMOLLM2].cached
     assert listings[SMOLLM2].path == cache_dir / "models" / SMOLLM2
     assert not any(listing.cached for listing in list_models(tmp_path))
+
+
+def test_masked_checkpoints_load_in_the_masked_family(tiny_bert: LoadedModel, tiny_dream: LoadedModel) -> None:
+    assert tiny_bert.family == "masked"  # without a chat template: masked prompts fall back to plain text
+    assert not getattr(tiny_bert.tokenizer, "chat_template", None)
+    # The Dream-style checkpoint runs the modeling code in its own directory, registered under AutoModel.
+    assert tiny_dream.family == "masked"
+    assert type(tiny_dream.model).__name__ == "TinyDreamModel"
+    assert type(tiny_dream.model).__module__.startswith("transformers_modules.")
+    assert not any(parameter.requires_grad for parameter in tiny_dream.model.parameters())
+
+
+def test_a_config_without_auto_map_runs_no_directory_code(tmp_path: Path, tiny_dream_dir: Path) -> None:
+    checkpoint = tmp_path / "no-auto-map"
+    shutil.copytree(tiny_dream_dir, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    del config["auto_map"]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"no readable config\.json"):
+        load_model(str(checkpoint), cache_dir=tmp_path)

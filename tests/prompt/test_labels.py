@@ -1,16 +1,16 @@
 """Label alphabets on real tokenizers, verified in the answer template's context."""
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from slotread.errors import ModelLoadError
 from slotread.models.load import LoadedModel
-from slotread.prompt.labels import MAX_CHOICE_OPTIONS, build_alphabet
+from slotread.prompt.labels import DIGITS, LETTERS, MAX_CHOICE_OPTIONS, PAIRS, YES_NO, build_alphabet
 from slotread.prompt.render import OptionText, QuestionText, Renderer
 
 
-@pytest.fixture(scope="module", params=["smollm2", "tiny_diffusion"])
+@pytest.fixture(scope="module", params=["smollm2", "tiny_diffusion", "tiny_bert", "tiny_dream"])
 def renderer(request: pytest.FixtureRequest) -> Renderer:
     loaded: LoadedModel = request.getfixturevalue(request.param)
     return Renderer(loaded.tokenizer, loaded.family)
@@ -37,7 +37,7 @@ def test_label_is_one_token_after_the_reply_prefix(renderer: Renderer) -> None:
     noul = QuestionText("noul", None, (OptionText("yes", None), OptionText("no", None)), renderer.alphabet.yes_no)
     read = renderer.render_branch(noul, "s")
     prompt = tokenizer.decode([token for segment in read.prompt for token in segment])
-    context = renderer.reply_prefix if renderer.family == "diffusion" else prompt
+    context = prompt if renderer.family == "causal" else renderer.reply_prefix
     for labels in (renderer.alphabet.choice(40), renderer.alphabet.score(10), renderer.alphabet.yes_no):
         prefix = tokenizer.encode(context + labels.lead, add_special_tokens=False)
         for text, token in zip(labels.texts, labels.ids, strict=True):
@@ -59,3 +59,41 @@ def test_a_tokenizer_without_enough_labels_fails_at_load() -> None:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
     with pytest.raises(ModelLoadError, match="255"):
         build_alphabet(tokenizer, "Answer:")
+
+
+def test_a_lowercasing_wordpiece_tokenizer_reads_labels_in_a_plain_masked_prompt() -> None:
+    # BERT's own recipe (lower-casing normaliser, WordPiece with ## pieces, [CLS] ... [SEP]), trained here on
+    # text that holds every label, since no BERT vocabulary installs here.
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    corpus = [" ".join(LETTERS + PAIRS + DIGITS + YES_NO), "Answer: which option fits the input best? I lost my card."]
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    backend.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=3000, special_tokens=specials))
+    backend.post_processor = processors.BertProcessing(
+        ("[SEP]", backend.token_to_id("[SEP]")), ("[CLS]", backend.token_to_id("[CLS]"))
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]"
+    )
+    assert tokenizer.tokenize("Cardigan") == ["card", "##i", "##g", "##a", "##n"]
+
+    renderer = Renderer(tokenizer, "masked")
+    alphabet = renderer.alphabet
+    assert alphabet.choice(MAX_CHOICE_OPTIONS).texts[:2] == ("AA", "AB")
+    assert tokenizer.convert_ids_to_tokens([*alphabet.letters.ids[:2], *alphabet.yes_no.ids]) == ["a", "b", "yes", "no"]
+    question = QuestionText(
+        "choice", "Which intent?", (OptionText("refund", None), OptionText("other", None)), alphabet.choice(2)
+    )
+    read = renderer.render_branch(question, "I lost my card")
+    (slot,) = read.slots
+    assert read.prompt[0] == (tokenizer.cls_token_id,) and read.canvas[slot.position + 1 :] == (tokenizer.sep_token_id,)
+    prefix = tokenizer.encode("Answer:", add_special_tokens=False)
+    assert read.canvas[: slot.position] == tuple(prefix)
+    for text, token in zip(question.labels.texts, question.labels.ids, strict=True):
+        assert tokenizer.encode(f"Answer: {text}[SEP]", add_special_tokens=False) == [
+            *prefix,
+            token,
+            tokenizer.sep_token_id,
+        ]

@@ -16,6 +16,18 @@ def diffusion(tiny_diffusion: LoadedModel) -> Renderer:
     return Renderer(tiny_diffusion.tokenizer, "diffusion")
 
 
+@pytest.fixture(scope="module")
+def plain_masked(tiny_bert: LoadedModel) -> Renderer:
+    """A masked LM's tokenizer without a chat template: [CLS] and [SEP] come from its post-processor."""
+    return Renderer(tiny_bert.tokenizer, "masked")
+
+
+@pytest.fixture(scope="module")
+def chat_masked(tiny_dream: LoadedModel) -> Renderer:
+    """A masked-diffusion LM's tokenizer with a (ChatML) chat template."""
+    return Renderer(tiny_dream.tokenizer, "masked")
+
+
 def choice(renderer: Renderer, names: list[str], instructions: str | None = "Which intent?") -> QuestionText:
     options = tuple(OptionText(n, f"about {n}") for n in names)
     return QuestionText("choice", instructions, options, renderer.alphabet.choice(len(names)))
@@ -70,8 +82,10 @@ def test_the_cacheable_prefix_follows_the_layout(causal: Renderer, diffusion: Re
         assert one.prompt[3] != shared.prompt[3]
 
 
-def test_segments_split_the_whole_tokenisation_unchanged(causal: Renderer, diffusion: Renderer) -> None:
-    for renderer in (causal, diffusion):
+def test_segments_split_the_whole_tokenisation_unchanged(
+    causal: Renderer, diffusion: Renderer, plain_masked: Renderer, chat_masked: Renderer
+) -> None:
+    for renderer in (causal, diffusion, plain_masked, chat_masked):
         read = renderer.render_branch(choice(renderer, ["x", "y"]), "state\n\nwith lines")
         ids = [t for segment in read.prompt for t in segment]
         text = renderer.tokenizer.decode(ids)
@@ -119,9 +133,50 @@ def test_joint_canvas_needs_a_diffusion_model(causal: Renderer) -> None:
         causal.render_joint((noul(causal, "a?"), noul(causal, "b?")), "s")
 
 
-def test_earlier_answers_follow_the_state(causal: Renderer, diffusion: Renderer) -> None:
-    for renderer in (causal, diffusion):
+def test_earlier_answers_follow_the_state(causal: Renderer, diffusion: Renderer, plain_masked: Renderer) -> None:
+    for renderer in (causal, diffusion, plain_masked):
         earlier = (EarlierAnswer(noul(renderer, "Is it urgent?"), "Yes"),)
         read = renderer.render_branch(noul(renderer, "Escalate?"), "the server is down", earlier=earlier)
         text = renderer.tokenizer.decode([t for segment in read.prompt for t in segment])
         assert text.index("the server is down") < text.index("- Is it urgent? Yes") < text.index("Answer Yes or No.")
+
+
+def test_plain_masked_read_is_cls_prompt_answer_slot_sep(plain_masked: Renderer) -> None:
+    tokenizer = plain_masked.tokenizer
+    question = choice(plain_masked, ["refund", "card_lost", "other"])
+    read = plain_masked.render_branch(question, "I lost my card", "Be brief.")
+    (slot,) = read.slots
+    assert read.prompt[0] == (tokenizer.cls_token_id,)
+    assert tokenizer.decode(read.canvas[: slot.position]) == "Answer:"
+    assert read.canvas[slot.position + 1 :] == (tokenizer.sep_token_id,)
+    ids = [t for segment in read.prompt for t in segment]
+    text = tokenizer.decode(ids)
+    # state first, the question next to the slot; nothing else between [CLS] and [SEP]
+    assert text.startswith("[CLS]Be brief.\n\nI lost my card\n\nWhich intent?\nOptions:\nA. refund: about refund")
+    assert text.endswith("Answer with the label of the best option.\n")
+    for token in question.labels.ids:  # each label, in the slot, is the natural tokenisation of the whole text
+        whole = [*ids, *read.canvas[: slot.position], token, *read.canvas[slot.position + 1 :]]
+        assert tokenizer.encode(tokenizer.decode(whole), add_special_tokens=False) == whole
+
+
+def test_chat_masked_canvas_ends_the_assistant_turn(chat_masked: Renderer) -> None:
+    tokenizer = chat_masked.tokenizer
+    read = chat_masked.render_branch(noul(chat_masked, "Is it urgent?"), "the server is down")
+    (slot,) = read.slots
+    prompt_text = tokenizer.decode([t for segment in read.prompt for t in segment])
+    assert prompt_text.endswith("Answer Yes or No.<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.decode(read.canvas[: slot.position]) == "Answer:"
+    assert tokenizer.convert_ids_to_tokens(list(read.canvas[slot.position + 1 :])) == ["<|im_end|>"]
+
+
+def test_masked_joint_canvas_has_one_numbered_slot_per_question(plain_masked: Renderer) -> None:
+    questions = (noul(plain_masked, "Is it urgent?"), choice(plain_masked, ["billing", "outage"]))
+    read = plain_masked.render_joint(questions, "the server is down")
+    assert [s.label_ids for s in read.slots] == [q.labels.ids for q in questions]
+    assert plain_masked.tokenizer.decode(read.canvas) == "1: Yes\n2: A[SEP]"
+
+
+def test_only_masked_models_go_without_a_chat_template(tiny_bert: LoadedModel) -> None:
+    for family in ("causal", "diffusion"):
+        with pytest.raises(ValueError, match="no chat template"):
+            Renderer(tiny_bert.tokenizer, family)
