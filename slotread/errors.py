@@ -11,7 +11,9 @@
     ├── UnsupportedEncoding        the request body's Content-Encoding is not gzip, zstd or identity (415)
     ├── AuthenticationFailed       the server checks API keys and the request has none or a wrong one (401)
     ├── Overloaded                 no decision slot is free and none frees up in time (529, retry-after)
-    └── NotReady                   the model is still loading, or failed to load (503)
+    ├── NotReady                   the model is still loading, or failed to load (503)
+    └── WireError                  a vLLM-style completions body breaks the engine wire contract
+                                   (``engines/remote/wire.py``); ``param`` names the field (400)
 
 Only the edges (cli, the server) turn these into exit codes or status codes.
 """
@@ -102,3 +104,17 @@ class Overloaded(SlotreadError):
 
 class NotReady(SlotreadError):
     """The server is up but cannot decide yet: the model is still loading, or failed to load."""
+
+
+class WireError(SlotreadError):
+    """A ``/v1/completions`` request or response body breaks the wire contract; ``param`` names the field
+    (the message names it too).
+
+    The engine server answers it 400 in vLLM's error shape; a client reading a response that raises it
+    got an answer it cannot use.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.message = message
+        self.param = param
+        super().__init__(message)
