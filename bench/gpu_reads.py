@@ -12,9 +12,10 @@ the GPU (no download) and times, on the same inputs:
 
 Scenarios: (a) no prefix reuse, 1600-token prompts, 64-token canvases; (b) a shared 1500-token schema
 prefix (cached) + 100 own tokens per read; (c) prompt cached, canvas only (K noise draws of one
-prompt); (d) 3-question decisions, each question a read of a 16-token canvas after its own cached
-1500-token schema and the decision's 100-token state, at concurrency 1 and 32 (the server's batcher
-hands concurrent decisions' reads to one ``read``).
+prompt); (d) 3-question decisions: a 100-token state after a shared, cached 1500-token schema, read
+by 3 isolated 16-token canvases (one per question, own seeds), at concurrency 1 and 32 (the server's
+batcher hands concurrent decisions' reads to one ``read``). (c) also runs the engine's deterministic
+mode, which reads every canvas alone.
 
 Reads/s = batch / median batch time; p50/p99 are per batch (every read in a batch waits for it).
 The ceiling is the FLOPs a read needs at 40% of the bf16 peak measured here. Before timing, the
@@ -253,6 +254,7 @@ def main() -> None:
         model, prefix_cache=PrefixCache(40 * 2**30), max_canvases=128, max_encode_tokens=16384
     )
     naive = Naive(model)
+    strict = DiffusionGemmaEngine(model, prefix_cache=engine.prefix_cache, deterministic=True)
     schema = [ids(generator, 1500) for _ in range(3)]
     cached_prompt = (schema[0], ids(generator, 100))
 
@@ -265,6 +267,7 @@ def main() -> None:
     check_bf16(engine, naive, [canvas_read(cached_prompt, 64, seed) for seed in range(8)], cached=2)
     check_bf16(engine, naive, [canvas_read((schema[1], ids(generator, 100)), 64, seed) for seed in range(8)], cached=1)
     check_mixed(engine, cached_prompt, canvas_read, generator)
+    check_mixed(strict, cached_prompt, canvas_read, generator)
 
     if args.profile:
         engine.read([canvas_read(cached_prompt, 64, 0)])
@@ -294,7 +297,10 @@ def main() -> None:
         for label, run in (
             ("naive", lambda i: naive.read(made[i], cached)),
             ("slotread", lambda i: engine.read(made[i])),
+            ("deterministic", lambda i: strict.read(made[i])),
         ):
+            if label == "deterministic" and not (name.startswith("(c)") and batch in (1, 64)):
+                continue
             if label == "naive" and cached is None:
                 continue
             torch.cuda.reset_peak_memory_stats()
@@ -351,14 +357,14 @@ def main() -> None:
 
         def decisions(i: int, c: int = concurrency) -> list[ReadRequest]:
             states = [ids(generator, 100) for _ in range(c)]
-            return [canvas_read((schema[q], state), 16, 3 * k + q) for k, state in enumerate(states) for q in range(3)]
+            return [canvas_read((schema[0], state), 16, 3 * k + q) for k, state in enumerate(states) for q in range(3)]
 
         measure(
             f"(d) decisions c={concurrency}",
             3 * concurrency,
-            flops_per_read(100, 1600, 16),
+            (flops_per_read(100, 1600, 16) + 2 * flops_per_read(0, 1600, 16)) / 3,
             decisions,
-            cached=None,
+            cached=1,
             per="decisions",
             unit=3,
         )
@@ -426,7 +432,8 @@ def check_mixed(engine: DiffusionGemmaEngine, prompt: tuple[tuple[int, ...], ...
     others = [canvas_read((prompt[0], ids(generator, 100)), 64, s) for s in range(15)]
     mixed = engine.read([*others[:7], one, *others[7:]])[7]
     delta = float(abs(alone.logits[0] - mixed.logits[0]).max())
-    print(f"bf16: a read alone vs in a mixed batch of 16: max |Δ logit| {delta:.3g}", flush=True)
+    mode = "deterministic" if engine.deterministic else "batched"
+    print(f"bf16, {mode}: a read alone vs in a mixed batch of 16: max |Δ logit| {delta:.3g}", flush=True)
 
 
 if __name__ == "__main__":

@@ -80,8 +80,14 @@ class _Read:
 class DiffusionGemmaEngine:
     """Reads label logits at the slots of DiffusionGemma canvases, caching prompt KV across reads.
 
-    ``max_canvases`` bounds the canvases of one decoder forward; ``max_tokens`` (prompt + canvas of
-    one read) defaults to the model's ``max_position_embeddings``.
+    ``max_canvases`` bounds the canvases of one decoder forward and ``max_encode_tokens`` the new
+    tokens of one encoder forward; ``max_tokens`` (prompt + canvas of one read) defaults to the
+    model's ``max_position_embeddings``. ``shared_min`` is where a prompt is split (``SHARED_MIN``).
+
+    ``deterministic=True`` makes a read's result independent of the rest of the call and of the
+    cache's state, bit for bit, on any device: every prompt segment is encoded alone, every canvas is
+    decoded alone against its whole prompt, so each read runs the same shapes whatever else is
+    asked. It costs the batching (bench/gpu_reads.py measures how much).
     """
 
     family: Family = "diffusion"
@@ -96,12 +102,15 @@ class DiffusionGemmaEngine:
         max_canvases: int = 32,
         max_encode_tokens: int = 8192,
         shared_min: int = SHARED_MIN,
+        deterministic: bool = False,
     ) -> None:
         self._config = model.config.get_text_config()
         self.max_tokens = int(max_tokens if max_tokens is not None else self._config.max_position_embeddings)
-        self.max_canvases = max_canvases
-        self.max_encode_tokens = max_encode_tokens
-        self.shared_min = shared_min
+        self.deterministic = deterministic
+        # one row per forward, and the whole prompt as the shared part: fixed shapes for every read
+        self.max_canvases = 1 if deterministic else max_canvases
+        self.max_encode_tokens = 1 if deterministic else max_encode_tokens
+        self.shared_min = self.max_tokens if deterministic else shared_min
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(DEFAULT_CACHE_BYTES)
         self._model = model.eval()
         self._encoder = model.model.encoder.language_model

@@ -219,3 +219,18 @@ def test_bad_requests_are_refused(model: DiffusionGemmaForBlockDiffusion, ids: D
     for request in bad:
         with pytest.raises(ValueError):
             engine.read([request])
+
+
+def test_deterministic_mode_reads_the_same_bits_alone_in_a_batch_and_from_the_cache(
+    model: DiffusionGemmaForBlockDiffusion, ids: Draw
+) -> None:
+    engine = DiffusionGemmaEngine(model, deterministic=True)
+    schema = ids(30)
+    mine = ReadRequest((schema, ids(10)), ids(6), (Slot(2, ids(3)),), seed=4)
+    others = [ReadRequest((schema, ids(n)), ids(9), (Slot(1, ids(3)),), seed=n) for n in (10, 7, 12)]
+    alone = DiffusionGemmaEngine(model, deterministic=True).read([mine])[0]  # nothing cached
+    engine.read(others[:1])  # the schema is now cached
+    mixed = engine.read([others[1], mine, others[2]])[1]
+    again = engine.read([mine])[0]  # the whole prompt cached
+    assert max_difference(alone, mixed) == 0.0
+    assert max_difference(alone, again) == 0.0
