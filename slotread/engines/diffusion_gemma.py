@@ -5,31 +5,33 @@ a causal *encoder* writes the prompt into a KV cache, and a *decoder* attends bi
 that cache plus the canvas and predicts the clean token at every canvas position (no shift). There
 is no mask token: the model was trained to denoise uniform random token ids. A read:
 
-1. encodes each distinct prompt once, segment by segment, into a ``DynamicCache`` and keeps the KV
-   of every segment boundary in the ``PrefixCache``; a prompt is always encoded segment by segment,
-   so its KV (and every result) is the same whether or not a prefix was cached;
+1. finds each distinct prompt's longest cached segment boundary in the ``PrefixCache`` and encodes
+   the segments left, one per wave, the same-length segments of a wave in one batch, each row
+   continuing its parent's KV (``gemma_forward.encode``); the KV of every boundary is stored. A prompt
+   is always encoded segment by segment, so its KV is the same whether or not a prefix was cached;
 2. noises the canvas: each slot's token becomes a noise token (``noise_canvas``, from the request's
    seed; a request without a seed is read as given);
-3. runs one decoder step, without self-conditioning, over a batch of canvases against their
-   prompts' KV: prompt KV left-padded to the batch's longest prompt (one prompt shared by the whole
-   batch is an ``expand`` view), canvases right-padded, a 2D mask over ``prompt + canvas`` that hides
-   both paddings, and per-row canvas positions that continue each row's own prompt;
+3. splits each prompt at its shortest available boundary of at least ``shared_min`` tokens: rows
+   whose prompts share that boundary read its KV in place, in one attention for all of them, and
+   each row attends separately to its own prompt tokens after it and to its canvas
+   (``gemma_forward.decode``, one step, no self-conditioning);
 4. applies ``lm_head`` to the hidden states at the slots only, then the final softcap
    ``cap * tanh(x / cap)`` in float32, and keeps each slot's label logits.
 
-The library's own ``forward`` builds float32 logits over all 262,144 ids at every canvas position;
-step 4 builds them at the slots only. Its static-cache path hides the last canvas token once the
-prompt fills the sliding window (DESIGN.md section 1), so only ``DynamicCache`` is used here.
+The library's own ``forward`` builds float32 logits over all 262,144 ids at every canvas position
+and copies the prompt's KV into every row of a batch in every layer; steps 3 and 4 do neither. Its
+static-cache path hides the last canvas token once the prompt fills the sliding window (DESIGN.md
+section 1); this engine keeps no static cache.
 
-Sliding-window layers: the encoder's ``DynamicCache`` keeps only a sliding layer's last
-``sliding_window - 1`` prompt tokens, and the decoder attends to all of them and to the whole canvas
-(the window is anchored at the end of the prompt, not at each canvas token). A batch cache reproduces
-that per row: left padding keeps each row's last tokens at the right end, where the mask's window
-slice ``[P - W + 1, P)`` of the padded prompt width ``P`` looks.
+Sliding-window layers: a sliding layer's prompt KV holds the prompt's last ``sliding_window - 1``
+tokens, and the decoder attends to all of them and to the whole canvas (the window is anchored at
+the end of the prompt, not at each canvas token); the encoder's queries see the ``sliding_window``
+positions up to themselves.
 
 Tolerance: a read's result does not depend on the other requests of the call, on chunking or on the
 cache state beyond float rounding: within 1e-5 in float32 on the CPU (tests measure it). In bfloat16
-batch composition moves logits far more (up to 6.5 on random 26B-A4B weights); compare fixed shapes.
+batch composition moves logits far more (2.5 on random 26B-A4B weights through the library's own
+path, bench/RESULTS.md); ``deterministic=True`` reads every canvas alone, bit-identical in any batch.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.gemma_forward import OwnPrompt, SharedPart, decode, encode
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
-from slotread.engines.scores import score_slots
+from slotread.engines.scores import score_slot_rows
 from slotread.errors import PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -141,17 +143,8 @@ class DiffusionGemmaEngine:
                 chunk = order[start : start + self.max_canvases]
                 batch = [requests[i] for i in chunk]
                 logits = self._slot_logits(batch, [reads[i] for i in chunk])
-                per_slot = iter(score_slots(logits, [(slot,) for request in batch for slot in request.slots]))
-                for index, request in zip(chunk, batch, strict=True):
-                    slots = [next(per_slot) for _ in request.slots]
-                    scores[index] = SlotScores(
-                        logits=tuple(s.logits[0] for s in slots),
-                        label_mass=tuple(s.label_mass[0] for s in slots),
-                        argmax_is_label=tuple(s.argmax_is_label[0] for s in slots),
-                        argmax_id=tuple(s.argmax_id[0] for s in slots),
-                        argmax_logit=tuple(s.argmax_logit[0] for s in slots),
-                        log_normalizer=tuple(s.log_normalizer[0] for s in slots),
-                    )
+                for index, result in zip(chunk, score_slot_rows(logits, [r.slots for r in batch]), strict=True):
+                    scores[index] = result
         return [scores[index] for index in range(len(requests))]
 
     def _encode_all(self, prompts: Sequence[tuple[Ids, ...]]) -> dict[Ids, dict[int, PrefixKV]]:
