@@ -81,6 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": args.max_body_bytes,
         "max_questions": args.max_questions,
         "max_samples": args.max_samples,
+        "max_permutations": args.max_permutations,
         "max_options": args.max_options,
         "max_prompt_tokens": args.max_prompt_tokens,
     }
@@ -98,6 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
                 cache_dir=settings.cache_dir,
                 max_questions=settings.max_questions,
                 max_samples=settings.max_samples,
+                max_permutations=settings.max_permutations,
                 max_options=settings.max_options,
                 max_prompt_tokens=settings.max_prompt_tokens,
             )
@@ -219,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=None, help="request body limit, decompressed (1 MiB)")
     serve.add_argument("--max-questions", type=int, default=None, help="questions per request (default 64)")
     serve.add_argument("--max-samples", type=int, default=None, help="largest x_samples (default 32)")
+    serve.add_argument("--max-permutations", type=int, default=None, help="largest x_permutations (default 16)")
     serve.add_argument("--max-options", type=int, default=None, help="options per choice question (default 255)")
     serve.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="tokens of one read (default: the model's limit)"

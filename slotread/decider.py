@@ -63,6 +63,7 @@ class Decider:
         max_questions: int = systemone.DEFAULT_MAX_QUESTIONS,
         max_samples: int = systemone.DEFAULT_MAX_SAMPLES,
         max_options: int = MAX_CHOICE_OPTIONS,
+        max_permutations: int = systemone.DEFAULT_MAX_PERMUTATIONS,
         max_prompt_tokens: int | None = None,
     ) -> None:
         loaded = (
@@ -79,6 +80,7 @@ class Decider:
         self.max_questions = max_questions
         self.max_samples = max_samples
         self.max_options = max_options
+        self.max_permutations = max_permutations
         self.max_prompt_tokens = max_prompt_tokens
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
 
@@ -91,7 +93,11 @@ class Decider:
         if wire.model is not None and wire.model not in (self.name, *MODEL_ALIASES):
             raise UnknownModel(wire.model, [self.name, *MODEL_ALIASES])
         decision = systemone.to_decision(
-            wire, max_questions=self.max_questions, max_samples=self.max_samples, max_options=self.max_options
+            wire,
+            max_questions=self.max_questions,
+            max_samples=self.max_samples,
+            max_options=self.max_options,
+            max_permutations=self.max_permutations,
         )
         result = decide(decision, self.engine, self.renderer, self.max_prompt_tokens)
         return systemone.to_response(result, wire, self.name)

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_questions: int = Field(64, ge=1)
     max_samples: int = Field(32, ge=1)
+    #: largest x_permutations (option→label assignments per question; each is a read)
+    max_permutations: int = Field(16, ge=1, le=255)
     #: options per choice question (the System One contract allows up to 255)
     max_options: int = Field(255, ge=2, le=255)
     #: prompt + canvas tokens of one read; None: the model's own limit

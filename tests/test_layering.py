@@ -1,4 +1,4 @@
-"""Imports run one way: api -> core -> prompt, engines; the wiring modules sit on top."""
+"""Imports run one way: api -> core -> prompt, engines, quality; the wiring modules sit on top."""
 
 import ast
 import sys
@@ -10,17 +10,19 @@ PACKAGE = Path(slotread.__file__).parent
 
 #: what each layer may import from slotread (besides itself and the shared errors module)
 ALLOWED = {
-    "api": {"core", "prompt"},
-    "core": {"prompt", "engines"},
+    "api": {"core", "prompt", "quality"},
+    # core.decide applies quality's maths between aggregating the reads and building the answers
+    "core": {"prompt", "engines", "quality"},
     "prompt": {"engines"},
     "engines": set(),
+    "quality": set(),
     "models": {"engines"},
     # the server wires the rest: the Decider, the wire formats, the engine contract, the registry
     "serve": {"api", "decider", "engines", "models", "settings"},
 }
 
 #: third-party packages the model-side layers may import: they run without the server's dependencies
-MODEL_SIDE = {"core", "prompt", "engines"}
+MODEL_SIDE = {"core", "prompt", "engines", "quality"}
 MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers"}
 
 

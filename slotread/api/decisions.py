@@ -118,6 +118,7 @@ class DecisionsRequest(_Wire):
     questions: list[DecisionQuestion] = Field(min_length=1)
     x_seed: StrictInt | None = None
     x_samples: StrictInt | Literal["auto"] | None = None
+    x_permutations: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -165,7 +166,7 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
-    for option in ("x_seed", "x_samples"):
+    for option in ("x_seed", "x_samples", "x_permutations"):
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)
     return body

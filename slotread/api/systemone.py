@@ -26,6 +26,7 @@ AnswerValue = str | StrictBool | StrictInt
 
 DEFAULT_MAX_QUESTIONS = 64
 DEFAULT_MAX_SAMPLES = 32
+DEFAULT_MAX_PERMUTATIONS = 16
 
 
 class _WireQuestion(BaseModel):
@@ -98,6 +99,7 @@ class SystemOneRequest(BaseModel):
     x_joint: StrictBool | None = None
     x_seed: StrictInt | None = None
     x_samples: StrictInt | Literal["auto"] | None = None
+    x_permutations: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -198,6 +200,7 @@ def to_decision(
     max_questions: int = DEFAULT_MAX_QUESTIONS,
     max_samples: int = DEFAULT_MAX_SAMPLES,
     max_options: int = MAX_CHOICE_OPTIONS,
+    max_permutations: int = DEFAULT_MAX_PERMUTATIONS,
 ) -> Decision:
     """Check what the shape cannot (limits, references between questions) and build the Decision.
 
@@ -210,6 +213,10 @@ def to_decision(
     samples = 1 if request.x_samples is None else request.x_samples
     if samples != "auto" and not 1 <= int(samples) <= max_samples:
         problems.append(_problem(["x_samples"], f"x_samples must be 1..{max_samples} or 'auto', got {samples}"))
+    permutations = 1 if request.x_permutations is None else request.x_permutations
+    if not 1 <= permutations <= max_permutations:
+        msg = f"x_permutations must be 1..{max_permutations}, got {permutations}"
+        problems.append(_problem(["x_permutations"], msg))
     questions: dict[str, Question] = {}
     for qid, wire in request.questions.items():
         questions[qid], found = _question(qid, wire, questions)
@@ -227,6 +234,7 @@ def to_decision(
         seed=request.x_seed if request.x_seed is not None else 0,
         samples=samples,
         joint=joint,
+        permutations=permutations,
     )
 
 
@@ -256,7 +264,7 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
         body["x_agreement"] = summary.agreement
     body["x_entropy"] = summary.entropy
     body["x_label_mass"] = answer.label_mass
-    body["x_reads"] = summary.draws
+    body["x_reads"] = summary.reads
     return body
 
 

@@ -1,4 +1,4 @@
-"""From label logits to probabilities: softmax, the mean over noise draws, and its spread.
+"""From label logits to probabilities: softmax, the mean over a question's reads, and its spread.
 
 Pure functions from numbers to numbers; all arithmetic in float64 so that probabilities sum to 1
 to full precision.
@@ -27,30 +27,29 @@ def normalised_entropy(probabilities: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
-class DrawSummary:
-    """The answer distribution of one slot over K draws.
+class ReadSummary:
+    """The answer distribution of one question over its R reads (noise draws × option assignments).
 
-    ``probabilities`` is the mean of the per-draw label softmaxes; ``stderr`` its standard error per
-    option (sample std with ddof=1 over sqrt(K); None when K = 1); ``agreement`` the share of draws
-    whose top label is the top label of the mean (None when K = 1); ``entropy`` the normalised
-    entropy of the mean.
+    ``probabilities`` is the mean of the per-read label distributions (in option order); ``stderr``
+    its standard error per option (sample std with ddof=1 over sqrt(R), the reads taken as one
+    sample; None when R = 1); ``agreement`` the share of reads whose top option is the top option of
+    the mean (None when R = 1); ``entropy`` the normalised entropy of the mean.
     """
 
     probabilities: np.ndarray
     stderr: np.ndarray | None
     agreement: float | None
     entropy: float
-    draws: int
+    reads: int
 
 
-def aggregate_draws(draw_logits: list[np.ndarray]) -> DrawSummary:
-    """Summarise one slot's label logits over its draws (each array holds one draw's n logits)."""
-    per_draw = softmax(np.stack(draw_logits))  # (K, n)
-    mean = per_draw.mean(axis=0)
+def aggregate_reads(per_read: np.ndarray) -> ReadSummary:
+    """Summarise one question's reads: ``per_read`` is (R, n), one label distribution per read."""
+    mean = per_read.mean(axis=0)
     mean = mean / mean.sum()
-    draws = per_draw.shape[0]
-    if draws == 1:
-        return DrawSummary(mean, None, None, normalised_entropy(mean), 1)
-    stderr = per_draw.std(axis=0, ddof=1) / np.sqrt(draws)
-    agreement = float((per_draw.argmax(axis=1) == mean.argmax()).mean())
-    return DrawSummary(mean, stderr, agreement, normalised_entropy(mean), draws)
+    reads = per_read.shape[0]
+    if reads == 1:
+        return ReadSummary(mean, None, None, normalised_entropy(mean), 1)
+    stderr = per_read.std(axis=0, ddof=1) / np.sqrt(reads)
+    agreement = float((per_read.argmax(axis=1) == mean.argmax()).mean())
+    return ReadSummary(mean, stderr, agreement, normalised_entropy(mean), reads)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slotread.core.aggregate import DrawSummary
+from slotread.core.aggregate import ReadSummary
 from slotread.core.questions import Question
 
 
@@ -37,21 +37,37 @@ def score_confidence(probabilities: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
-class Answer:
-    """The answer to one question: the label distribution in option order and its diagnostics.
+class Read:
+    """One read of a question's slot: its label logits in option order (whatever labels the options
+    were listed under), the assignment's cyclic ``shift`` (``quality.debias``), and the vocabulary
+    probability that fell on the labels at all."""
 
-    ``label_mass`` is the vocabulary probability that fell on the labels at all (mean over draws);
+    shift: int
+    logits: np.ndarray
+    label_mass: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The answer to one question: the label distribution in option order, its diagnostics, and the
+    raw reads it was built from.
+
     ``stderr``/``agreement`` exist only when the question was read more than once.
     """
 
     question: Question
-    summary: DrawSummary
-    label_mass: float
+    summary: ReadSummary
+    reads: tuple[Read, ...]
 
     @property
     def probabilities(self) -> np.ndarray:
         """P(option) in option order."""
         return self.summary.probabilities
+
+    @property
+    def label_mass(self) -> float:
+        """The vocabulary probability that fell on the labels, mean over the reads."""
+        return float(np.mean([read.label_mass for read in self.reads]))
 
     @property
     def top(self) -> int:

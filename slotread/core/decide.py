@@ -1,9 +1,15 @@
-"""Answer a Decision: plan the stages, render the reads, call the engine, aggregate the draws.
+"""Answer a Decision: plan the stages, render the reads, call the engine, aggregate the reads.
 
 Isolated reads (the default) give each question its own prompt and canvas, so adding, removing,
 renaming or reordering other questions cannot move its answer: its noise seeds come from the request
 seed and its own token ids, never from its id or position. ``joint`` packs the questions of a stage
 into one canvas instead, on models that read every slot of a canvas at once (diffusion and masked).
+
+With ``permutations = k`` a question is read under up to k option→label assignments (cyclic shifts,
+``quality.debias``), each its own read; every read's label logits are put back in option order and
+the answer is the mean over all reads (draws × assignments). A noul has two assignments (the second
+swaps what Yes and No mean, and its prompt says so). A score has one: its labels are the level
+numbers, so relabelling would contradict the prompt's "answer with the number of the level".
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slotread.core.aggregate import aggregate_draws
-from slotread.core.answers import Answer
+from slotread.core.aggregate import aggregate_reads, softmax
+from slotread.core.answers import Answer, Read
 from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Decision, Question
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import PromptTooLong
 from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
+from slotread.quality.debias import listing_order, shifts, to_option_order
 
 #: samples="auto": a question whose first read has a normalised entropy above this is re-read ...
 AUTO_ENTROPY = 0.5
@@ -42,20 +49,29 @@ class DecisionResult:
 
 @dataclass
 class _Unit:
-    """One rendered read (a branch or a joint canvas) and the questions of its slots, with its draws."""
+    """One rendered read (a branch or a joint canvas), the questions of its slots with the shift each was
+    listed under (None: a joint canvas read more often than this question has assignments; not
+    counted for it), and its draws."""
 
     rendered: Rendered
     questions: tuple[Question, ...]
+    shifts: tuple[int | None, ...]
     scores: list[SlotScores]
 
 
-def question_text(question: Question, renderer: Renderer) -> QuestionText:
-    """The model-facing text of a question, with the labels this tokenizer offers."""
+def question_shifts(question: Question, permutations: int) -> tuple[int, ...]:
+    """The assignments (cyclic shifts) a question is read under: one for a score, see the module docstring."""
+    return (0,) if question.kind == "score" else shifts(len(question.options), permutations)
+
+
+def question_text(question: Question, renderer: Renderer, shift: int = 0) -> QuestionText:
+    """The model-facing text of a question, options listed under ``shift``, with this tokenizer's labels."""
     alphabet = renderer.alphabet
     n = len(question.options)
     labels = {"noul": alphabet.yes_no, "choice": alphabet.choice(n), "score": alphabet.score(n)}[question.kind]
-    options = tuple(OptionText(o.name, o.description) for o in question.options)
-    return QuestionText(question.kind, question.instructions, options, labels)
+    listed = [question.options[i] for i in listing_order(n, shift)]
+    options = tuple(OptionText(o.name, o.description) for o in listed)
+    return QuestionText(question.kind, question.instructions, options, labels, question.kind == "noul" and shift == 1)
 
 
 def _answer_text(answer: Answer | None) -> str:
@@ -100,13 +116,45 @@ def _read(engine: Engine, units: list[_Unit], seed: int, draws: range) -> None:
         unit.scores += scores[index * len(draws) : (index + 1) * len(draws)]
 
 
-def _summarise(unit: _Unit) -> list[Answer]:
+def _answers(units: list[_Unit]) -> list[Answer]:
+    """Every question's reads, from every unit that counts it, in option order; then the answers."""
+    reads: dict[str, list[Read]] = {}
+    questions: dict[str, Question] = {}
+    for unit in units:
+        for slot, (question, shift) in enumerate(zip(unit.questions, unit.shifts, strict=True)):
+            if shift is None:
+                continue
+            questions[question.id] = question
+            reads.setdefault(question.id, []).extend(
+                Read(shift, to_option_order(s.logits[slot], shift), s.label_mass[slot]) for s in unit.scores
+            )
     answers = []
-    for slot, question in enumerate(unit.questions):
-        summary = aggregate_draws([s.logits[slot] for s in unit.scores])
-        mass = float(np.mean([s.label_mass[slot] for s in unit.scores]))
-        answers.append(Answer(question, summary, mass))
+    for qid, question_reads in reads.items():
+        per_read = softmax(np.stack([read.logits for read in question_reads]))
+        answers.append(Answer(questions[qid], aggregate_reads(per_read), tuple(question_reads)))
     return answers
+
+
+def _units(
+    asked: tuple[Question, ...], decision: Decision, answers: dict[str, Answer | None], renderer: Renderer, limit: int
+) -> list[_Unit]:
+    """The reads of one stage: per question and assignment a branch, or per assignment one joint canvas."""
+    groups = [asked] if decision.joint and renderer.joint else [(q,) for q in asked]
+    units = []
+    for group in groups:
+        earlier = _earlier(group, decision, answers, renderer)
+        assignments = [question_shifts(q, decision.permutations) for q in group]
+        for j in range(max(map(len, assignments))):
+            listed = tuple(a[j] if j < len(a) else None for a in assignments)
+            texts = tuple(question_text(q, renderer, shift or 0) for q, shift in zip(group, listed, strict=True))
+            if len(group) == 1:
+                rendered = renderer.render_branch(texts[0], decision.state, decision.instructions, earlier)
+            else:
+                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier)
+            if rendered.tokens > limit:
+                raise PromptTooLong(rendered.tokens, limit)
+            units.append(_Unit(rendered, group, listed, []))
+    return units
 
 
 def decide(decision: Decision, engine: Engine, renderer: Renderer, max_tokens: int | None = None) -> DecisionResult:
@@ -124,26 +172,16 @@ def decide(decision: Decision, engine: Engine, renderer: Renderer, max_tokens: i
         asked = tuple(q for q in stage if is_asked(q, answers))
         if not asked:
             continue
-        groups = [asked] if decision.joint and renderer.joint else [(q,) for q in asked]
-        units = []
-        for group in groups:
-            texts = tuple(question_text(q, renderer) for q in group)
-            earlier = _earlier(group, decision, answers, renderer)
-            if len(group) == 1:
-                rendered = renderer.render_branch(texts[0], decision.state, decision.instructions, earlier)
-            else:
-                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier)
-            if rendered.tokens > limit:
-                raise PromptTooLong(rendered.tokens, limit)
-            units.append(_Unit(rendered, group, []))
+        units = _units(asked, decision, answers, renderer, limit)
         _read(engine, units, decision.seed, range(draws))
         if decision.samples == "auto" and noisy:
-            uncertain = [u for u in units if any(a.summary.entropy > AUTO_ENTROPY for a in _summarise(u))]
-            if uncertain:
-                _read(engine, uncertain, decision.seed, range(1, AUTO_DRAWS))
+            uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > AUTO_ENTROPY}
+            again = [u for u in units if any(q.id in uncertain for q in u.questions)]
+            if again:
+                _read(engine, again, decision.seed, range(1, AUTO_DRAWS))
         for unit in units:
             input_tokens += unit.rendered.tokens
             output_tokens += len(unit.questions) * len(unit.scores)
-            for answer in _summarise(unit):
-                answers[answer.question.id] = answer
+        for answer in _answers(units):
+            answers[answer.question.id] = answer
     return DecisionResult(answers, input_tokens, output_tokens)

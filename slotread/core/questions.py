@@ -59,7 +59,11 @@ class Question:
 
 @dataclass(frozen=True)
 class Decision:
-    """A whole request: the state text, the questions in caller order, and how to read them."""
+    """A whole request: the state text, the questions in caller order, and how to read them.
+
+    ``permutations``: how many option→label assignments each question is read under (at most its
+    number of options; scores always one, see ``core.decide``).
+    """
 
     state: str
     questions: tuple[Question, ...]
@@ -67,3 +71,4 @@ class Decision:
     seed: int = 0
     samples: Samples = 1
     joint: bool = False
+    permutations: int = 1

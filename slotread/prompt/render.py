@@ -79,12 +79,18 @@ class OptionText:
 
 @dataclass(frozen=True)
 class QuestionText:
-    """A question as the model sees it: no id, just its text, options and labels."""
+    """A question as the model sees it: no id, just its text, options and labels.
+
+    ``options`` are in listing order: ``options[i]`` is read through ``labels.texts[i]``. A noul
+    lists yes then no, unless ``swapped``: then "Yes" stands for the no option and "No" for yes, and
+    the prompt says so (an option-order permutation of a yes/no question).
+    """
 
     kind: QuestionKind
     instructions: str | None
     options: tuple[OptionText, ...]
     labels: LabelSet
+    swapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,11 +140,11 @@ def question_block(question: QuestionText) -> str:
     """The schema text of one question: its instructions and one line per option."""
     lines = [heading(question)]
     if question.kind == "noul":
-        yes, no = question.options
-        if yes.description:
-            lines.append(f'"Yes" means: {yes.description}')
-        if no.description:
-            lines.append(f'"No" means: {no.description}')
+        lines += [
+            f'"{label}" means: {option.description}'
+            for label, option in zip(question.labels.texts, question.options, strict=True)
+            if option.description
+        ]
     elif question.kind == "choice":
         lines.append("Options:")
         lines += [
@@ -156,6 +162,8 @@ def question_block(question: QuestionText) -> str:
 
 def reply_instruction(question: QuestionText) -> str:
     """What the reply must be, as the last line of the user turn."""
+    if question.kind == "noul" and question.swapped:
+        return "The answer words are swapped here: answer No if the answer is yes, and Yes if the answer is no."
     if question.kind == "noul":
         return "Answer Yes or No."
     if question.kind == "choice":

@@ -19,6 +19,7 @@ REQUEST: dict[str, Any] = {
         {"type": "score", "name": "urgency", "levels": [{"label": "low"}, {"label": "high", "description": "today"}]},
     ],
     "x_seed": 3,
+    "x_permutations": 2,
 }
 
 
@@ -32,6 +33,7 @@ def test_a_request_becomes_the_system_one_body_asking_the_same_questions() -> No
             "2": {"type": "score", "criteria": ["low", "high: today"], "instructions": None},
         },
         "x_seed": 3,
+        "x_permutations": 2,
     }
 
 

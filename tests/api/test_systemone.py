@@ -164,6 +164,8 @@ def test_unknown_top_level_fields_are_ignored_and_options_parsed() -> None:
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_samples": 33}, ["body", "x_samples"]),
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_samples": "many"}, ["body", "x_samples"]),
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_joint": "yes"}, ["body", "x_joint"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_permutations": 0}, ["body", "x_permutations"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_permutations": 2.0}, ["body", "x_permutations"]),
     ],
 )
 def test_malformed_requests_are_located(body: Any, where: list[Any]) -> None:
@@ -251,3 +253,12 @@ def test_a_server_may_allow_fewer_options_per_choice() -> None:
     body = {"state": "s", "questions": {"q": {"type": "choice", "criteria": dict.fromkeys("abcd")}}}
     assert len(decision(body, max_options=4).questions[0].options) == 4
     assert locs(body, max_options=3) == [["body", "questions", "q", "choice", "criteria"]]
+
+
+def test_permutations_default_to_one_and_stop_at_the_limit() -> None:
+    body: dict[str, Any] = {"state": "s", "questions": {"q": CHOICE}}
+    assert decision(body).permutations == 1
+    assert decision({**body, "x_permutations": 16}).permutations == 16
+    (problem,) = problems({**body, "x_permutations": 17})
+    assert problem["loc"] == ["body", "x_permutations"] and problem["msg"] == "x_permutations must be 1..16, got 17"
+    assert decision({**body, "x_permutations": 40}, max_permutations=40).permutations == 40

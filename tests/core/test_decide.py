@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,8 @@ from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import PromptTooLong, UnknownModel
 from slotread.models.load import LoadedModel
+from slotread.prompt.render import Renderer
+from slotread.quality.debias import shifts
 
 
 class RecordingEngine:
@@ -212,3 +215,87 @@ def test_joint_canvas_reads_a_stage_in_one_read(tiny_diffusion: LoadedModel) -> 
     got = decider.decide(body)["answers"]
     assert list(got) == list(QUESTIONS) and all(a["x_reads"] == 2 for a in got.values())
     assert got != answers(decider, QUESTIONS, x_samples=2)
+
+
+def test_permutations_read_each_assignment_once(decider: Decider) -> None:
+    body = {"state": STATE, "questions": QUESTIONS, "x_permutations": 3}
+    assert len(recorded(decider, body)) == 2 + 3 + 1  # noul: as given and swapped; choice: 3 shifts; score: 1
+    got = decider.decide(body)["answers"]
+    assert [got[q]["x_reads"] for q in QUESTIONS] == [2, 3, 1]
+    for qid in ("urgent", "intent"):
+        assert 0 <= got[qid]["x_agreement"] <= 1 and "x_stderr" in got[qid]
+    assert "x_stderr" not in got["mood"] or decider.engine.noisy
+    for answer in (got["intent"], got["mood"]):
+        assert abs(sum(answer["probabilities"].values()) - 1) < 1e-9
+    assert answers(decider, QUESTIONS, x_permutations=1) == answers(decider, QUESTIONS)
+    assert_finite(got)
+
+
+def test_permutations_multiply_the_draws(decider: Decider) -> None:
+    got = answers(decider, {"intent": QUESTIONS["intent"]}, x_permutations=3, x_samples=2)
+    assert got["intent"]["x_reads"] == (6 if decider.engine.noisy else 3)
+
+
+def test_joint_canvases_are_read_once_per_assignment(tiny_diffusion: LoadedModel) -> None:
+    decider = Decider(tiny_diffusion)
+    body = {"state": STATE, "questions": QUESTIONS, "x_joint": True, "x_permutations": 3}
+    requests = recorded(decider, body)
+    assert len(requests) == 3 and all(len(r.slots) == 3 for r in requests)
+    got = decider.decide(body)["answers"]
+    assert [got[q]["x_reads"] for q in QUESTIONS] == [2, 3, 1]
+
+
+class OptionPickingEngine:
+    """A causal engine that reads the prompt as text and puts all its weight on the label listed for one
+    option (or, for a yes/no question, on the word that means yes, swapped or not)."""
+
+    family = "causal"
+    noisy = False
+    max_tokens = 100_000
+
+    def __init__(self, renderer: Renderer, option: str) -> None:
+        self.tokenizer = renderer.tokenizer
+        self.option = option
+        self.requests: list[ReadRequest] = []
+
+    def _label(self, prompt: str) -> str:
+        if "Answer Yes or No." in prompt:
+            return "Yes"
+        if "answer No if the answer is yes" in prompt:
+            return "No"
+        found = re.search(rf"^(\w+)\. {re.escape(self.option)}$", prompt, re.MULTILINE)
+        assert found, prompt
+        return found.group(1)
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        self.requests += requests
+        results = []
+        for request in requests:
+            (slot,) = request.slots
+            favoured = self.tokenizer.encode(self._label(self.tokenizer.decode(request.prompt_ids)))[-1]
+            logits = np.array([20.0 if i == favoured else 0.0 for i in slot.label_ids], dtype=np.float32)
+            results.append(SlotScores((logits,), (1.0,), (True,), (favoured,), (20.0,), (20.0,)))
+        return results
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_every_assignment_maps_back_to_the_option_it_listed(smollm2: LoadedModel, k: int) -> None:
+    renderer = Renderer(smollm2.tokenizer, "causal")
+    names = ["refund", "replacement", "lost", "stolen", "other"]
+    questions = {
+        "intent": {"type": "choice", "criteria": dict.fromkeys(names)},
+        "urgent": {"type": "noul"},
+    }
+    engine = OptionPickingEngine(renderer, "lost")
+    decision = to_decision(parse_request({"state": STATE, "questions": questions, "x_permutations": k}))
+    result = decide(decision, engine, renderer)
+    intent, urgent = result.answers["intent"], result.answers["urgent"]
+    assert intent is not None and urgent is not None
+    assert intent.top_name == "lost" and intent.probabilities[2] > 0.999
+    assert [read.shift for read in intent.reads] == list(shifts(5, k))
+    assert urgent.top_name == "yes" and urgent.summary.reads == min(k, 2)
+    # the label that read "lost" moved with each shift
+    found = [
+        re.search(r"^(\w+)\. lost$", smollm2.tokenizer.decode(r.prompt_ids), re.MULTILINE) for r in engine.requests
+    ]
+    assert len({m.group(1) for m in found if m}) == len(intent.reads)

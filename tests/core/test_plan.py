@@ -1,7 +1,7 @@
 import numpy as np
 
-from slotread.core.aggregate import aggregate_draws
-from slotread.core.answers import Answer
+from slotread.core.aggregate import aggregate_reads
+from slotread.core.answers import Answer, Read
 from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Condition, Option, Question
 
@@ -13,8 +13,8 @@ def noul(qid: str, depends: tuple[str, ...] = (), ask_if: tuple[Condition, ...] 
 
 
 def answered(question: Question, p_yes: float) -> Answer:
-    logits = np.log(np.array([p_yes, 1 - p_yes]))
-    return Answer(question, aggregate_draws([logits]), 1.0)
+    p = np.array([[p_yes, 1 - p_yes]])
+    return Answer(question, aggregate_reads(p), (Read(0, np.log(p[0]), 1.0),))
 
 
 def test_independent_questions_form_one_stage_in_request_order() -> None:

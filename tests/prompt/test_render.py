@@ -180,3 +180,15 @@ def test_only_masked_models_go_without_a_chat_template(tiny_bert: LoadedModel) -
     for family in ("causal", "diffusion"):
         with pytest.raises(ValueError, match="no chat template"):
             Renderer(tiny_bert.tokenizer, family)
+
+
+def test_a_swapped_noul_says_what_its_labels_mean(causal: Renderer) -> None:
+    yes, no = OptionText("yes", "they need it today"), OptionText("no", "it can wait")
+    labels = causal.alphabet.yes_no
+    plain = causal.render_branch(QuestionText("noul", "In a hurry?", (yes, no), labels), "s")
+    swapped = causal.render_branch(QuestionText("noul", "In a hurry?", (no, yes), labels, swapped=True), "s")
+    plain_text, swapped_text = (causal.tokenizer.decode(r.with_seed(0).prompt_ids) for r in (plain, swapped))
+    assert '"Yes" means: they need it today\n"No" means: it can wait\nAnswer Yes or No.' in plain_text
+    assert '"Yes" means: it can wait\n"No" means: they need it today\n' in swapped_text
+    assert "answer No if the answer is yes, and Yes if the answer is no." in swapped_text
+    assert plain.slots == swapped.slots  # the same two label tokens, in the same order
