@@ -1,4 +1,4 @@
-"""Imports run one way: api -> core -> prompt, engines, quality; the wiring modules sit on top."""
+"""Imports run one way: api, quality -> core -> prompt, engines; the wiring modules sit on top."""
 
 import ast
 import sys
@@ -10,12 +10,13 @@ PACKAGE = Path(slotread.__file__).parent
 
 #: what each layer may import from slotread (besides itself and the shared errors module)
 ALLOWED = {
-    "api": {"core", "prompt", "quality"},
-    # core.decide applies quality's maths between aggregating the reads and building the answers
-    "core": {"prompt", "engines", "quality"},
+    "api": {"core", "prompt"},
+    "core": {"prompt", "engines"},
     "prompt": {"engines"},
     "engines": set(),
-    "quality": set(),
+    # calibration and conformal sets work on core's answers (through the hook core.decide offers) and
+    # read content-free prompts through core.decide
+    "quality": {"core", "prompt", "engines"},
     "models": {"engines"},
     # the server wires the rest: the Decider, the wire formats, the engine contract, the registry
     "serve": {"api", "decider", "engines", "models", "settings"},

@@ -39,7 +39,7 @@ def score_confidence(probabilities: np.ndarray) -> float:
 @dataclass(frozen=True)
 class Read:
     """One read of a question's slot: its label logits in option order (whatever labels the options
-    were listed under), the assignment's cyclic ``shift`` (``quality.debias``), and the vocabulary
+    were listed under), the assignment's cyclic ``shift`` (``core.assignments``), and the vocabulary
     probability that fell on the labels at all."""
 
     shift: int

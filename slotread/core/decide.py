@@ -6,7 +6,7 @@ seed and its own token ids, never from its id or position. ``joint`` packs the q
 into one canvas instead, on models that read every slot of a canvas at once (diffusion and masked).
 
 With ``permutations = k`` a question is read under up to k option→label assignments (cyclic shifts,
-``quality.debias``), each its own read; every read's label logits are put back in option order and
+``core.assignments``), each its own read; every read's label logits are put back in option order and
 the answer is the mean over all reads (draws × assignments). A noul has two assignments (the second
 swaps what Yes and No mean, and its prompt says so). A score has one: its labels are the level
 numbers, so relabelling would contradict the prompt's "answer with the number of the level".
@@ -21,12 +21,12 @@ import numpy as np
 
 from slotread.core.aggregate import aggregate_reads, softmax
 from slotread.core.answers import Answer, Read
+from slotread.core.assignments import listing_order, shifts, to_option_order
 from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Decision, Question
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import PromptTooLong
 from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
-from slotread.quality.debias import listing_order, shifts, to_option_order
 
 #: samples="auto": a question whose first read has a normalised entropy above this is re-read ...
 AUTO_ENTROPY = 0.5

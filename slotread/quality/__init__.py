@@ -1,7 +1,7 @@
-"""What happens to label distributions between the reads and the answers: option-order debiasing,
-calibration and conformal prediction sets.
+"""What answers go through after the reads: calibration and conformal prediction sets.
 
-Pure maths on numpy arrays plus the calibration state of one model (artifacts, content-free reads,
-batch priors). ``core.decide`` calls it between aggregating the reads and building the answers; it
-knows nothing of questions, prompts, engines or wire formats.
+``quality`` sits above ``core``: it reads content-free prompts through ``core.decide``, and hands
+``core.decide`` the function that turns each raw answer into the calibrated one (with its prediction
+set) before later stages see it. Its maths are pure functions on numpy arrays; its state (fitted
+artifacts, content-free distributions, batch priors) lives in one ``CalibrationStore`` per model.
 """

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from slotread.api.systemone import parse_request, to_decision
+from slotread.core.assignments import shifts
 from slotread.core.decide import decide
 from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import PromptTooLong, UnknownModel
 from slotread.models.load import LoadedModel
 from slotread.prompt.render import Renderer
-from slotread.quality.debias import shifts
 
 
 class RecordingEngine:

@@ -1,4 +1,4 @@
-"""Option-order debiasing: the option→label assignments a question is read under, and the way back.
+"""Option→label assignments: the cyclic shifts a question is read under, and the way back to option order.
 
 An assignment is a cyclic shift ``s`` of the options over the label alphabet: the prompt lists
 option ``(p + s) mod n`` at position ``p``, read through label ``p`` (A, B, ... in listing order).

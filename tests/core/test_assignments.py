@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from slotread.quality.debias import listing_order, shifts, to_option_order
+from slotread.core.assignments import listing_order, shifts, to_option_order
 
 
 @pytest.mark.parametrize(
