@@ -34,8 +34,41 @@ def _decide(args: argparse.Namespace) -> int:
     if args.seed is not None and isinstance(request, dict):
         request["x_seed"] = args.seed
     to_decision(parse_request(request))  # refuse a bad request before loading the model
-    decider = Decider(args.model, cache_dir=args.cache_dir, dtype=getattr(torch, args.dtype))
+    decider = Decider(
+        args.model, cache_dir=args.cache_dir, dtype=getattr(torch, args.dtype), calibration_dir=args.calibration
+    )
     print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import torch
+
+    from slotread.calibrate import calibrate, read_labelled, refuse_overlap
+    from slotread.decider import Decider
+
+    questions = _read_request(args.questions)
+    items = read_labelled(args.data, args.text_column, args.label_column)
+    excluded = read_labelled(args.exclude, args.text_column, args.label_column) if args.exclude else []
+    refuse_overlap(items, [item.text for item in excluded], str(args.exclude))  # before loading the model
+    decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
+    fit = calibrate(
+        decider,
+        questions,
+        items,
+        question=args.question,
+        exclude=[item.text for item in excluded],
+        data=str(args.data),
+        excluded=str(args.exclude or ""),
+    )
+    fit.calibration.save(args.out)
+    numbers = fit.summary()
+    print(
+        f"{decider.name}, schema {fit.calibration.schema[:16]}, {len(items)} items: "
+        f"temperature {fit.calibration.temperature:.4f} (NLL {numbers['nll_raw']:.4f} -> {numbers['nll_fitted']:.4f}, "
+        f"raw accuracy {numbers['accuracy']:.1%}); content-free shifts {sorted(fit.calibration.content_free)}; "
+        f"wrote {args.out}"
+    )
     return 0
 
 
@@ -84,6 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_permutations": args.max_permutations,
         "max_options": args.max_options,
         "max_prompt_tokens": args.max_prompt_tokens,
+        "calibration_dir": args.calibration,
     }
     try:
         settings = Settings(**{name: value for name, value in flags.items() if value is not None})
@@ -102,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
                 max_permutations=settings.max_permutations,
                 max_options=settings.max_options,
                 max_prompt_tokens=settings.max_prompt_tokens,
+                calibration_dir=settings.calibration_dir,
             )
         except BaseException as exc:
             failed.append(exc)
@@ -189,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
     )
+    decide.add_argument(
+        "--calibration", type=Path, default=None, help="directory of calibration artifacts (slotread calibrate --out)"
+    )
     decide.set_defaults(run=_decide)
 
     serve = commands.add_parser("serve", help="serve System One and OpenAI Decisions over HTTP")
@@ -226,7 +264,36 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="tokens of one read (default: the model's limit)"
     )
+    serve.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="directory of calibration artifacts (slotread calibrate --out); content-free reads are saved there",
+    )
     serve.set_defaults(run=_serve)
+
+    fit = commands.add_parser("calibrate", help="fit one question's calibration on labelled data and write it")
+    fit.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
+    )
+    fit.add_argument(
+        "--questions",
+        required=True,
+        help="JSON: a System One body without the state (questions, optional instructions and x_ read options)",
+    )
+    fit.add_argument("--question", default=None, help="the question id to calibrate (needed if there are several)")
+    fit.add_argument("--data", type=Path, required=True, help="labelled items to fit on: .csv with a header, or .jsonl")
+    fit.add_argument(
+        "--exclude", type=Path, default=None, help="the evaluation split (.csv or .jsonl): refuse data that overlaps it"
+    )
+    fit.add_argument("--text-column", default="text", help="column or field holding the text (default: text)")
+    fit.add_argument("--label-column", default="label", help="column or field holding the answer (default: label)")
+    fit.add_argument("--out", type=Path, required=True, help="the artifact to write (a JSON file)")
+    fit.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
+    fit.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
+    )
+    fit.set_defaults(run=_calibrate)
 
     engine = commands.add_parser("engine", help="serve a model's slot reads over vLLM's completions API")
     engine.add_argument("--model", required=True, help="registry name, checkpoint dir or .gguf file")

@@ -14,7 +14,7 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
-from slotread.core.decide import decide
+from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
@@ -25,6 +25,8 @@ from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Renderer
+from slotread.quality.answering import decide_calibrated
+from slotread.quality.store import CalibrationStore
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ class Decider:
     Weights load in bfloat16 by default: 2-3x faster than float32 on these CPUs' AMX units
     (bench/cpu_decide.py). Loading fails with ModelLoadError naming the model and the reason,
     including a tokenizer that cannot provide the single-token labels slotread reads.
+
+    ``calibration_dir`` holds calibration artifacts (``slotread calibrate``); those of this model are
+    loaded (CalibrationError if one is unreadable), and content-free distributions read while
+    answering ``x_calibration: contextual`` are written back to it.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class Decider:
         max_options: int = MAX_CHOICE_OPTIONS,
         max_permutations: int = systemone.DEFAULT_MAX_PERMUTATIONS,
         max_prompt_tokens: int | None = None,
+        calibration_dir: Path | None = None,
     ) -> None:
         loaded = (
             model
@@ -82,6 +89,7 @@ class Decider:
         self.max_options = max_options
         self.max_permutations = max_permutations
         self.max_prompt_tokens = max_prompt_tokens
+        self.calibrations = CalibrationStore(self.name, calibration_dir)
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
 
     def decide(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +97,15 @@ class Decider:
 
         Raises InvalidRequest (with FastAPI-style ``detail``), UnknownModel or PromptTooLong.
         """
+        wire, result = self._answer(request)
+        return systemone.to_response(result, wire, self.name)
+
+    def answer(self, request: dict[str, Any]) -> DecisionResult:
+        """Answer a System One request body with core values: each answer keeps its raw reads (label
+        logits in option order, with the assignment each was read under), which fitting needs."""
+        return self._answer(request)[1]
+
+    def _answer(self, request: dict[str, Any]) -> tuple[systemone.SystemOneRequest, DecisionResult]:
         wire = systemone.parse_request(request)
         if wire.model is not None and wire.model not in (self.name, *MODEL_ALIASES):
             raise UnknownModel(wire.model, [self.name, *MODEL_ALIASES])
@@ -99,5 +116,5 @@ class Decider:
             max_options=self.max_options,
             max_permutations=self.max_permutations,
         )
-        result = decide(decision, self.engine, self.renderer, self.max_prompt_tokens)
-        return systemone.to_response(result, wire, self.name)
+        result = decide_calibrated(decision, self.engine, self.renderer, self.calibrations, self.max_prompt_tokens)
+        return wire, result

@@ -12,6 +12,8 @@
     ├── AuthenticationFailed       the server checks API keys and the request has none or a wrong one (401)
     ├── Overloaded                 no decision slot is free and none frees up in time (529, retry-after)
     ├── NotReady                   the model is still loading, or failed to load (503)
+    ├── CalibrationError           a calibration artifact cannot be read, or two claim one question;
+                                   says which file and why (the server refuses to start)
     └── WireError                  a vLLM-style completions body breaks the engine wire contract
                                    (``engines/remote/wire.py``); ``param`` names the field (400)
 
@@ -118,3 +120,7 @@ class WireError(SlotreadError):
         self.message = message
         self.param = param
         super().__init__(message)
+
+
+class CalibrationError(SlotreadError):
+    """A calibration artifact cannot be read or breaks the format; the message names the file and the problem."""

@@ -48,10 +48,14 @@ class Settings(BaseSettings):
     max_options: int = Field(255, ge=2, le=255)
     #: prompt + canvas tokens of one read; None: the model's own limit
     max_prompt_tokens: int | None = Field(None, ge=16)
+    #: a directory of calibration artifacts (``slotread calibrate``); content-free reads are saved there
+    calibration_dir: Path | None = None
 
     @model_validator(mode="after")
-    def _api_keys_file_exists(self) -> Settings:
+    def _paths_exist(self) -> Settings:
         # Refuse at start-up rather than serve without the auth the operator asked for.
         if self.api_keys is not None and not self.api_keys.is_file():
             raise ValueError(f"api_keys: {self.api_keys} is not a file")
+        if self.calibration_dir is not None and not self.calibration_dir.is_dir():
+            raise ValueError(f"calibration_dir: {self.calibration_dir} is not a directory")
         return self

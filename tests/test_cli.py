@@ -87,7 +87,16 @@ def test_serve_exits_1_naming_a_model_it_cannot_load(capsys: pytest.CaptureFixtu
     assert "no-such-model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags", [["--max-concurrency", "0"], ["--api-keys", "/no/such/file"], ["--port", "70000"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max-concurrency", "0"],
+        ["--api-keys", "/no/such/file"],
+        ["--port", "70000"],
+        ["--calibration", "/no/such/dir"],
+        ["--max-permutations", "0"],
+    ],
+)
 def test_serve_refuses_bad_settings_before_starting(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *flags]) == 1
     assert "slotread serve:" in capsys.readouterr().err

@@ -32,6 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from slotread.core.answers import choice_confidence
+from slotread.core.questions import CalibrationMethod
 from slotread.errors import InvalidRequest
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS
 
@@ -119,6 +120,7 @@ class DecisionsRequest(_Wire):
     x_seed: StrictInt | None = None
     x_samples: StrictInt | Literal["auto"] | None = None
     x_permutations: StrictInt | None = None
+    x_calibration: CalibrationMethod | None = None
 
     @field_validator("questions")
     @classmethod
@@ -166,7 +168,7 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
-    for option in ("x_seed", "x_samples", "x_permutations"):
+    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration"):
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)
     return body

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
 from slotread.core.decide import DecisionResult
-from slotread.core.questions import Condition, Decision, Option, Question
+from slotread.core.questions import CalibrationMethod, Condition, Decision, Option, Question
 from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS
 
@@ -100,6 +100,7 @@ class SystemOneRequest(BaseModel):
     x_seed: StrictInt | None = None
     x_samples: StrictInt | Literal["auto"] | None = None
     x_permutations: StrictInt | None = None
+    x_calibration: CalibrationMethod | None = None
 
     @field_validator("questions")
     @classmethod
@@ -136,8 +137,8 @@ def _options(wire: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> tuple[Optio
     return tuple(Option(str(i), render_text(level)) for i, level in enumerate(wire.criteria))
 
 
-def _answer_name(question: Question, value: str | bool | int) -> str | None:
-    """The option name an ``ask_if`` value denotes, or None if it denotes none."""
+def answer_name(question: Question, value: str | bool | int) -> str | None:
+    """The option name an answer value denotes (as ``ask_if`` gives them), or None if it denotes none."""
     if question.kind == "noul":
         named = {True: "yes", False: "no", "yes": "yes", "no": "no"}
         return named.get(value) if isinstance(value, bool | str) else None
@@ -167,7 +168,7 @@ def _question(
             continue
         if not values:
             problems.append(_problem(["questions", qid, "ask_if", target], "list at least one answer"))
-        names = [_answer_name(earlier[target], v) for v in values]
+        names = [answer_name(earlier[target], v) for v in values]
         for index, (value, name) in enumerate(zip(values, names, strict=True)):
             if name is None:
                 msg = f"{value!r} is not an answer of question {target!r}"
@@ -235,6 +236,7 @@ def to_decision(
         samples=samples,
         joint=joint,
         permutations=permutations,
+        calibration=request.x_calibration or "none",
     )
 
 

@@ -15,6 +15,7 @@ numbers, so relabelling would contradict the prompt's "answer with the number of
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,9 @@ from slotread.core.questions import Decision, Question
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import PromptTooLong
 from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
+
+#: What each answer goes through before later stages and the caller see it (``slotread.quality``).
+Adjust = Callable[[Answer], Answer]
 
 #: samples="auto": a question whose first read has a normalised entropy above this is re-read ...
 AUTO_ENTROPY = 0.5
@@ -157,8 +161,15 @@ def _units(
     return units
 
 
-def decide(decision: Decision, engine: Engine, renderer: Renderer, max_tokens: int | None = None) -> DecisionResult:
-    """Answer every question of ``decision`` with ``engine``.
+def decide(
+    decision: Decision,
+    engine: Engine,
+    renderer: Renderer,
+    max_tokens: int | None = None,
+    adjust: Adjust | None = None,
+) -> DecisionResult:
+    """Answer every question of ``decision`` with ``engine``; ``adjust`` (calibration) turns each raw
+    answer into the one that later stages (``ask_if``, ``depends_on``) and the caller see.
 
     Raises PromptTooLong before a stage reads anything if one of its reads exceeds ``max_tokens`` (or
     the engine's own limit).
@@ -183,5 +194,5 @@ def decide(decision: Decision, engine: Engine, renderer: Renderer, max_tokens: i
             input_tokens += unit.rendered.tokens
             output_tokens += len(unit.questions) * len(unit.scores)
         for answer in _answers(units):
-            answers[answer.question.id] = answer
+            answers[answer.question.id] = adjust(answer) if adjust else answer
     return DecisionResult(answers, input_tokens, output_tokens)

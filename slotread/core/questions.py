@@ -12,6 +12,9 @@ from typing import Literal
 
 Kind = Literal["noul", "choice", "score"]
 Samples = int | Literal["auto"]
+#: How answers are calibrated (``slotread.quality``): not at all, against content-free reads, with a
+#: fitted temperature, or against the running mean of earlier answers.
+CalibrationMethod = Literal["none", "contextual", "temperature", "batch"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ class Decision:
     """A whole request: the state text, the questions in caller order, and how to read them.
 
     ``permutations``: how many option→label assignments each question is read under (at most its
-    number of options; scores always one, see ``core.decide``).
+    number of options; scores always one, see ``core.decide``). ``calibration`` is applied by
+    ``slotread.quality``; ``core.decide`` only carries it.
     """
 
     state: str
@@ -72,3 +76,4 @@ class Decision:
     samples: Samples = 1
     joint: bool = False
     permutations: int = 1
+    calibration: CalibrationMethod = "none"

@@ -20,6 +20,7 @@ REQUEST: dict[str, Any] = {
     ],
     "x_seed": 3,
     "x_permutations": 2,
+    "x_calibration": "contextual",
 }
 
 
@@ -34,6 +35,7 @@ def test_a_request_becomes_the_system_one_body_asking_the_same_questions() -> No
         },
         "x_seed": 3,
         "x_permutations": 2,
+        "x_calibration": "contextual",
     }
 
 

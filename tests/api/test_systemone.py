@@ -166,6 +166,7 @@ def test_unknown_top_level_fields_are_ignored_and_options_parsed() -> None:
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_joint": "yes"}, ["body", "x_joint"]),
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_permutations": 0}, ["body", "x_permutations"]),
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_permutations": 2.0}, ["body", "x_permutations"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_calibration": "platt"}, ["body", "x_calibration"]),
     ],
 )
 def test_malformed_requests_are_located(body: Any, where: list[Any]) -> None:
@@ -262,3 +263,9 @@ def test_permutations_default_to_one_and_stop_at_the_limit() -> None:
     (problem,) = problems({**body, "x_permutations": 17})
     assert problem["loc"] == ["body", "x_permutations"] and problem["msg"] == "x_permutations must be 1..16, got 17"
     assert decision({**body, "x_permutations": 40}, max_permutations=40).permutations == 40
+
+
+def test_calibration_defaults_to_none() -> None:
+    body: dict[str, Any] = {"state": "s", "questions": {"q": CHOICE}}
+    assert decision(body).calibration == "none"
+    assert decision({**body, "x_calibration": "batch"}).calibration == "batch"

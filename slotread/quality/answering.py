@@ -1,0 +1,142 @@
+"""Answer a decision with the calibration it asks for.
+
+Before reading: refuse (422) what the store cannot serve (a temperature never fitted for a question).
+For ``contextual``, read the content-free prompts the store lacks: each question without the state
+(``CONTENT_FREE_STATES`` in its place), without earlier answers, under the same assignments, as
+isolated branches; p_cf per shift is the mean of their softmaxes. Then ``core.decide`` reads the
+decision and hands each raw answer to ``calibrate_answer`` before later stages see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from slotread.core.aggregate import aggregate_reads, softmax
+from slotread.core.answers import Answer
+from slotread.core.decide import DecisionResult, decide, question_shifts
+from slotread.core.questions import Decision, Question
+from slotread.engines.base import Engine
+from slotread.errors import ErrorDetail, InvalidRequest
+from slotread.prompt.render import Renderer
+from slotread.quality.artifact import Calibration, schema_hash
+from slotread.quality.calibration import calibrate_reads, divide_prior
+from slotread.quality.store import CalibrationStore
+
+#: What stands in for the state in a content-free read (Zhao et al. 2021 use "N/A", "" and "[MASK]";
+#: "[empty]" replaces the mask token, which is not plain text to a chat model).
+CONTENT_FREE_STATES = ("N/A", "", "[empty]")
+#: Draws per content-free read on a noisy (diffusion) model, always from seed 0, so the cached
+#: distribution does not depend on which request read it first.
+CONTENT_FREE_DRAWS = 4
+
+
+def decide_calibrated(
+    decision: Decision,
+    engine: Engine,
+    renderer: Renderer,
+    store: CalibrationStore,
+    max_tokens: int | None = None,
+) -> DecisionResult:
+    """``core.decide`` with ``decision.calibration`` applied; usage includes any content-free reads.
+
+    Raises InvalidRequest when the store lacks a fit the decision needs, besides core.decide's errors.
+    """
+    schemas = {q.id: schema_hash(q, decision.instructions) for q in decision.questions}
+    _check(decision, store, schemas)
+    spent = (0, 0)
+    if decision.calibration == "contextual":
+        spent = _read_content_free(decision, engine, renderer, store, schemas, max_tokens)
+    if decision.calibration == "none":
+        result = decide(decision, engine, renderer, max_tokens)
+    else:
+        result = decide(
+            decision,
+            engine,
+            renderer,
+            max_tokens,
+            lambda answer: calibrate_answer(answer, decision, store, schemas[answer.question.id]),
+        )
+    return DecisionResult(result.answers, result.input_tokens + spent[0], result.output_tokens + spent[1])
+
+
+def calibrate_answer(answer: Answer, decision: Decision, store: CalibrationStore, schema: str) -> Answer:
+    """The answer with each read calibrated by ``decision.calibration``, then averaged again."""
+    logits = np.stack([read.logits for read in answer.reads])  # (R, n)
+    shifts = [read.shift for read in answer.reads]
+    method = decision.calibration
+    if method == "batch":
+        priors = store.batch.priors_then_update([(schema, s) for s in shifts], softmax(logits))
+        per_read = divide_prior(logits, priors)
+    else:
+        fitted = store.artifact(schema)
+        temperature = fitted.temperature if fitted else None
+        per_read = calibrate_reads(logits, shifts, method, temperature, store.content_free(schema))
+    return replace(answer, summary=aggregate_reads(per_read))
+
+
+def _check(decision: Decision, store: CalibrationStore, schemas: dict[str, str]) -> None:
+    problems: list[ErrorDetail] = []
+    for question in decision.questions:
+        schema = schemas[question.id]
+        fitted = store.artifact(schema)
+        if decision.calibration == "temperature" and (fitted is None or fitted.temperature is None):
+            msg = (
+                f"no temperature is fitted for question {question.id!r} on {store.model} (schema {schema[:16]}); "
+                "fit one with `slotread calibrate` and serve it with --calibration, or ask for 'contextual' or 'batch'"
+            )
+            problems.append({"loc": ["body", "x_calibration"], "msg": msg, "type": "value_error"})
+    if problems:
+        raise InvalidRequest(problems)
+
+
+def _read_content_free(
+    decision: Decision,
+    engine: Engine,
+    renderer: Renderer,
+    store: CalibrationStore,
+    schemas: dict[str, str],
+    max_tokens: int | None,
+) -> tuple[int, int]:
+    """Read the content-free distributions the store lacks, keep them there; returns the tokens spent."""
+    missing: dict[str, Question] = {}
+    for question in decision.questions:
+        schema = schemas[question.id]
+        known = store.content_free(schema)
+        if schema not in missing and any(s not in known for s in question_shifts(question, decision.permutations)):
+            missing[schema] = replace(question, id=schema, depends_on=(), ask_if=())
+    if not missing:
+        return 0, 0
+    reads: dict[str, list[tuple[int, np.ndarray]]] = {schema: [] for schema in missing}
+    input_tokens = output_tokens = 0
+    for state in CONTENT_FREE_STATES:
+        blank = replace(
+            decision,
+            state=state,
+            questions=tuple(missing.values()),
+            seed=0,
+            samples=CONTENT_FREE_DRAWS,
+            joint=False,
+            calibration="none",
+        )
+        result = decide(blank, engine, renderer, max_tokens)
+        input_tokens += result.input_tokens
+        output_tokens += result.output_tokens
+        for schema, answer in result.answers.items():
+            assert answer is not None  # no ask_if: every question is asked
+            reads[schema] += [(read.shift, softmax(read.logits)) for read in answer.reads]
+    for schema, question in missing.items():
+        by_shift: dict[int, list[np.ndarray]] = {}
+        for shift, p in reads[schema]:
+            by_shift.setdefault(shift, []).append(p)
+        found = Calibration(
+            model=store.model,
+            schema=schema,
+            kind=question.kind,
+            options=tuple(o.name for o in question.options),
+            content_free={shift: np.mean(ps, axis=0) for shift, ps in by_shift.items()},
+            content_free_states=CONTENT_FREE_STATES,
+        )
+        store.learn_content_free(found)
+    return input_tokens, output_tokens

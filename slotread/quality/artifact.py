@@ -1,0 +1,148 @@
+"""The calibration artifact: what was fitted for one question schema on one model, as a small JSON file.
+
+    {
+      "format": "slotread-calibration/1",
+      "model": "qwen2.5-coder-1.5b-instruct",
+      "schema": "<sha256 hex of the question's render-relevant fields, see schema_hash>",
+      "question": {"type": "choice", "options": ["activate_my_card", ...]},
+      "methods": {
+        "temperature": {"temperature": 1.83},
+        "contextual": {"states": ["N/A", "", "[empty]"], "content_free": {"<shift>": [p_cf in option order]}}
+      },
+      "fitted_on": {"request": {"x_permutations": 1, ...}, "items": 154, "ids": [...], "ids_sha256": "...", ...}
+    }
+
+Every part but ``model``, ``schema`` and ``question`` is optional: the server writes artifacts that
+hold only content-free distributions; ``slotread calibrate`` writes all of it. ``fitted_on.request``
+holds the read options the temperature was fitted under.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slotread.core.questions import Question
+from slotread.errors import CalibrationError
+
+FORMAT = "slotread-calibration/1"
+
+
+def schema_hash(question: Question, instructions: str | None) -> str:
+    """sha256 of what a prompt shows of a question besides the state: its type, instructions and options
+    (names and descriptions, in order), and the request-wide instructions. Ids and earlier answers are
+    not part of it."""
+    payload = {
+        "type": question.kind,
+        "instructions": question.instructions,
+        "options": [[o.name, o.description] for o in question.options],
+        "request_instructions": instructions,
+    }
+    text = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """One (model, schema)'s fitted calibration; arrays are float64 in option order."""
+
+    model: str
+    schema: str
+    kind: str
+    options: tuple[str, ...]
+    temperature: float | None = None
+    #: shift → mean label distribution of the content-free reads under that assignment
+    content_free: Mapping[int, np.ndarray] = field(default_factory=dict)
+    content_free_states: tuple[str, ...] = ()
+    fitted_on: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def permutations(self) -> int:
+        """The ``x_permutations`` the temperature was fitted under."""
+        return int(self.fitted_on.get("request", {}).get("x_permutations", 1))
+
+    def to_json(self) -> dict[str, Any]:
+        """The artifact as JSON data (see the module docstring)."""
+        methods: dict[str, Any] = {}
+        if self.temperature is not None:
+            methods["temperature"] = {"temperature": self.temperature}
+        if self.content_free:
+            methods["contextual"] = {
+                "states": list(self.content_free_states),
+                "content_free": {str(s): p.tolist() for s, p in sorted(self.content_free.items())},
+            }
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "schema": self.schema,
+            "question": {"type": self.kind, "options": list(self.options)},
+            "methods": methods,
+            "fitted_on": dict(self.fitted_on),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> Calibration:
+        """Check and build an artifact; raises CalibrationError naming ``source`` and the problem."""
+        try:
+            return _parse(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CalibrationError(f"{source}: not a slotread calibration artifact: {exc}") from None
+
+    def save(self, path: Path) -> None:
+        """Write the artifact atomically (a reader never sees half a file)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as out:
+            json.dump(self.to_json(), out, ensure_ascii=False, indent=1)
+        os.replace(out.name, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        """Read an artifact file; raises CalibrationError naming the file and the problem."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CalibrationError(f"{path}: cannot read it as JSON: {exc}") from None
+        return cls.from_json(data, str(path))
+
+
+def _distribution(values: Any, n: int, what: str) -> np.ndarray:
+    p = np.asarray(values, dtype=np.float64)
+    if p.shape != (n,) or not np.all(p > 0) or abs(p.sum() - 1) > 1e-6:
+        raise ValueError(f"{what} must be {n} positive probabilities summing to 1")
+    return p
+
+
+def _parse(data: Any) -> Calibration:
+    if data.get("format") != FORMAT:
+        raise ValueError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
+    question = data["question"]
+    options = tuple(str(o) for o in question["options"])
+    n = len(options)
+    methods = data.get("methods", {})
+    temperature = methods.get("temperature", {}).get("temperature")
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"the temperature must be a positive number, got {temperature!r}")
+    contextual = methods.get("contextual", {})
+    content_free = {
+        int(shift): _distribution(p, n, f"content_free[{shift}]")
+        for shift, p in contextual.get("content_free", {}).items()
+    }
+    return Calibration(
+        model=str(data["model"]),
+        schema=str(data["schema"]),
+        kind=str(question["type"]),
+        options=options,
+        temperature=None if temperature is None else float(temperature),
+        content_free=content_free,
+        content_free_states=tuple(contextual.get("states", ())),
+        fitted_on=dict(data.get("fitted_on", {})),
+    )

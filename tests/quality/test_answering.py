@@ -1,0 +1,130 @@
+"""Calibrated decisions end to end on SmolLM2: each method's arithmetic against the raw answer."""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slotread.api.systemone import parse_request, to_decision
+from slotread.core.aggregate import softmax
+from slotread.core.answers import Answer
+from slotread.decider import Decider
+from slotread.engines.base import Engine, ReadRequest, SlotScores
+from slotread.errors import InvalidRequest
+from slotread.models.load import LoadedModel
+from slotread.quality.answering import CONTENT_FREE_STATES
+from slotread.quality.artifact import Calibration, schema_hash
+
+QUESTIONS: dict[str, Any] = {
+    "intent": {
+        "type": "choice",
+        "instructions": "What does the customer want?",
+        "criteria": {"refund": "money back", "replacement": "a new card", "other": None},
+    },
+    "urgent": {"type": "noul", "instructions": "Is the customer in a hurry?"},
+}
+STATE = "My card never arrived and I need to pay rent tomorrow. Send a new one now!"
+
+
+class CountingEngine:
+    """A real engine that counts the reads it is asked for."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.family = engine.family
+        self.noisy = engine.noisy
+        self.max_tokens = engine.max_tokens
+        self.reads = 0
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        self.reads += len(requests)
+        return self.engine.read(requests)
+
+
+def counting(decider: Decider) -> CountingEngine:
+    engine = CountingEngine(decider.engine)
+    decider.engine = engine
+    return engine
+
+
+def schema(decider: Decider, qid: str, body: dict[str, Any]) -> str:
+    decision = to_decision(parse_request(body))
+    return schema_hash(next(q for q in decision.questions if q.id == qid), decision.instructions)
+
+
+def raw(answer: Answer | None) -> np.ndarray:
+    """The uncalibrated distribution of an answer read once: the softmax of its one read's logits."""
+    assert answer is not None and len(answer.reads) == 1
+    return softmax(answer.reads[0].logits)
+
+
+def test_contextual_divides_by_the_content_free_reads_once_per_schema(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    engine = counting(decider)
+    body = {"state": STATE, "questions": QUESTIONS}
+    plain = decider.decide(body)
+    assert engine.reads == 2
+    result = decider.answer({**body, "x_calibration": "contextual"})
+    assert engine.reads == 2 + 2 + 2 * len(CONTENT_FREE_STATES)  # the two questions, then their blank reads
+    assert result.input_tokens > plain["usage"]["input_tokens"]
+    for qid in QUESTIONS:
+        p_cf = decider.calibrations.content_free(schema(decider, qid, body))[0]
+        expected = raw(result.answers[qid]) / p_cf
+        assert result.answers[qid].probabilities == pytest.approx(expected / expected.sum(), abs=1e-12)
+    again = decider.decide({**body, "state": "Where is my refund?", "x_calibration": "contextual"})
+    assert engine.reads == 2 + 2 + 2 * len(CONTENT_FREE_STATES) + 2  # cached: no blank reads
+    assert again["usage"] == decider.decide({**body, "state": "Where is my refund?"})["usage"]
+
+
+def test_contextual_keeps_one_content_free_distribution_per_assignment(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    body = {"state": STATE, "questions": QUESTIONS, "x_permutations": 3, "x_calibration": "contextual"}
+    got = decider.decide(body)["answers"]
+    assert got["intent"]["x_reads"] == 3 and got["urgent"]["x_reads"] == 2
+    assert sorted(decider.calibrations.content_free(schema(decider, "intent", body))) == [0, 1, 2]
+    noul = decider.calibrations.content_free(schema(decider, "urgent", body))
+    assert sorted(noul) == [0, 1]
+    assert abs(sum(got["intent"]["probabilities"].values()) - 1) < 1e-9
+
+
+def test_temperature_needs_a_fitted_artifact(smollm2: LoadedModel, tmp_path: Path) -> None:
+    body = {"state": STATE, "questions": QUESTIONS, "x_calibration": "temperature"}
+    with pytest.raises(InvalidRequest) as caught:
+        Decider(smollm2).decide(body)
+    assert [d["loc"] for d in caught.value.detail] == [["body", "x_calibration"]] * 2
+    assert "no temperature is fitted for question 'intent'" in caught.value.detail[0]["msg"]
+    for qid, temperature in (("intent", 2.0), ("urgent", 0.5)):
+        options = tuple(QUESTIONS[qid].get("criteria", {"yes": 0, "no": 0}))
+        kind = QUESTIONS[qid]["type"]
+        Calibration(smollm2.name, schema(Decider(smollm2), qid, body), kind, options, temperature).save(
+            tmp_path / f"{qid}.json"
+        )
+    scaled = Decider(smollm2, calibration_dir=tmp_path).answer(body).answers
+    for qid, temperature in (("intent", 2.0), ("urgent", 0.5)):
+        # softmax(z / T) = softmax(log p / T): p^(1/T), renormalised
+        expected = raw(scaled[qid]) ** (1 / temperature)
+        assert scaled[qid].probabilities == pytest.approx(expected / expected.sum(), abs=1e-12)
+
+
+def test_batch_calibration_starts_neutral_and_learns_from_traffic(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    body = {"state": STATE, "questions": {"intent": QUESTIONS["intent"]}, "x_calibration": "batch"}
+    first = decider.answer(body).answers["intent"]
+    assert first is not None and first.probabilities == pytest.approx(raw(first), abs=1e-12)  # a uniform prior
+    second = decider.answer({**body, "state": "Where is my refund?"}).answers["intent"]
+    # the prior is now (1·first + 16·uniform) / 17
+    expected = raw(second) / ((raw(first) + 16 / 3) / 17)
+    assert second is not None and second.probabilities == pytest.approx(expected / expected.sum(), abs=1e-12)
+    assert decider.decide({**body, "x_calibration": "none"})["answers"]["intent"]["x_reads"] == 1
+
+
+def test_a_calibration_directory_keeps_content_free_reads_across_restarts(smollm2: LoadedModel, tmp_path: Path) -> None:
+    body = {"state": STATE, "questions": {"urgent": QUESTIONS["urgent"]}, "x_calibration": "contextual"}
+    first = Decider(smollm2, calibration_dir=tmp_path)
+    answer = first.decide(body)["answers"]["urgent"]
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    restarted = Decider(smollm2, calibration_dir=tmp_path)
+    engine = counting(restarted)
+    assert restarted.decide(body)["answers"]["urgent"] == pytest.approx(answer, abs=1e-5)  # engine tolerance
+    assert engine.reads == 1

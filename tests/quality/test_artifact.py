@@ -1,0 +1,68 @@
+"""Calibration artifacts: the schema hash, the JSON round trip, and refusals naming the file."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slotread.core.questions import Option, Question
+from slotread.errors import CalibrationError
+from slotread.quality.artifact import Calibration, schema_hash
+
+QUESTION = Question("intent", "choice", "What do they want?", (Option("refund", "money back"), Option("other")))
+
+
+def test_the_schema_is_what_the_prompt_shows_besides_the_state() -> None:
+    base = schema_hash(QUESTION, "Be brief.")
+    assert len(base) == 64 and base == schema_hash(QUESTION, "Be brief.")
+    assert schema_hash(replace(QUESTION, id="renamed", depends_on=("x",)), "Be brief.") == base
+    assert schema_hash(QUESTION, None) != base
+    assert schema_hash(replace(QUESTION, instructions="Why?"), "Be brief.") != base
+    swapped = replace(QUESTION, options=QUESTION.options[::-1])
+    described = replace(QUESTION, options=(Option("refund", "a refund"), Option("other")))
+    assert len({base, schema_hash(swapped, "Be brief."), schema_hash(described, "Be brief.")}) == 3
+
+
+def artifact() -> Calibration:
+    return Calibration(
+        model="m",
+        schema="ab" * 32,
+        kind="choice",
+        options=("refund", "other"),
+        temperature=1.5,
+        content_free={0: np.array([0.7, 0.3]), 1: np.array([0.4, 0.6])},
+        content_free_states=("N/A", ""),
+        fitted_on={"items": 3, "request": {"x_permutations": 2}},
+    )
+
+
+def test_an_artifact_round_trips_through_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    artifact().save(path)
+    loaded = Calibration.load(path)
+    assert loaded.to_json() == artifact().to_json()
+    assert loaded.content_free[1].tolist() == [0.4, 0.6] and loaded.permutations == 2
+    assert json.loads(path.read_text())["methods"]["temperature"] == {"temperature": 1.5}
+    assert list(tmp_path.iterdir()) == [path]  # the temporary file was renamed into place
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"format": "other/1"}, "format"),
+        ({"methods": {"temperature": {"temperature": -1}}}, "temperature"),
+        ({"methods": {"contextual": {"content_free": {"0": [0.5, 0.6]}}}}, "content_free"),
+        ({"question": {"type": "choice"}}, "options"),
+    ],
+)
+def test_a_broken_artifact_is_refused_naming_its_file(tmp_path: Path, change: dict, problem: str) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps({**artifact().to_json(), **change}))
+    with pytest.raises(CalibrationError, match=problem) as caught:
+        Calibration.load(path)
+    assert str(path) in str(caught.value)
+    path.write_text("{not json")
+    with pytest.raises(CalibrationError, match=r"broken\.json"):
+        Calibration.load(path)
