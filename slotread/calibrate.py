@@ -2,8 +2,9 @@
 
 Each labelled item is read through the Decider, its text as the state, with ``x_calibration:
 contextual`` so that the content-free distributions are read on the way (once). The raw reads (label
-logits in option order) give the temperature (``quality.calibration.fit_temperature``). The result
-is one artifact for (model, schema). Data that overlaps the evaluation split named by ``exclude`` is
+logits in option order) give the temperature (``quality.calibration.fit_temperature``) and, under
+each of none, contextual and temperature calibration, the items' conformal scores 1 − p(gold). The
+result is one artifact for (model, schema). Data that overlaps the evaluation split named by ``exclude`` is
 refused: a calibration fitted on the items it is judged on would look better than it is.
 """
 
@@ -24,8 +25,9 @@ from slotread.core.questions import Question
 from slotread.decider import Decider
 from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.quality.answering import CONTENT_FREE_STATES
-from slotread.quality.artifact import Calibration, schema_hash
-from slotread.quality.calibration import fit_temperature, mean_nll, temperature_scale
+from slotread.quality.artifact import CONFORMAL_METHODS, Calibration, schema_hash
+from slotread.quality.calibration import calibrate_reads, fit_temperature, mean_nll, temperature_scale
+from slotread.quality.conformal import nonconformity
 
 _NOUL_LABELS = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
@@ -166,6 +168,7 @@ def calibrate(
         answer = decider.answer({**template, "state": item.text}).answers[qid]
         assert answer is not None  # no ask_if: always asked
         logits.append(np.stack([read.logits for read in answer.reads]))
+        shifts = [read.shift for read in answer.reads]  # the same for every item
     schema = schema_hash(parsed, decision.instructions)
     ids = [item.id for item in items]
     fitted_on = {
@@ -178,14 +181,24 @@ def calibrate(
         "request": {"x_permutations": decision.permutations, "x_samples": decision.samples, "x_seed": decision.seed},
     }
     stacked, gold_indices = np.stack(logits), np.array(gold)
+    temperature = fit_temperature(stacked, gold_indices)
+    content_free = decider.calibrations.content_free(schema)
+    conformal: dict[str, np.ndarray] = {
+        method: nonconformity(
+            np.stack([calibrate_reads(z, shifts, method, temperature, content_free).mean(axis=0) for z in stacked]),
+            gold_indices,
+        )
+        for method in CONFORMAL_METHODS
+    }
     calibration = Calibration(
         model=decider.name,
         schema=schema,
         kind=parsed.kind,
         options=tuple(o.name for o in parsed.options),
-        temperature=fit_temperature(stacked, gold_indices),
-        content_free=decider.calibrations.content_free(schema),
+        temperature=temperature,
+        content_free=content_free,
         content_free_states=CONTENT_FREE_STATES,
+        conformal=conformal,
         fitted_on=fitted_on,
     )
     return Fit(calibration, stacked, gold_indices)

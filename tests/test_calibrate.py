@@ -64,6 +64,15 @@ def test_a_fit_holds_the_temperature_content_free_reads_and_what_it_was_fitted_o
     assert artifact.permutations == 2 and artifact.options == ("refund", "card", "other")
     mean = softmax(fit.logits).mean(axis=1)
     assert fit.summary()["accuracy"] == pytest.approx(float((mean.argmax(axis=1) == fit.gold).mean()))
+    # conformal scores 1 − p(gold) of the answer each method gives
+    items = np.arange(3)
+    assert sorted(artifact.conformal) == ["contextual", "none", "temperature"]
+    assert artifact.conformal["none"] == pytest.approx(1 - mean[items, fit.gold])
+    scaled = softmax(fit.logits / temperature).mean(axis=1)
+    assert artifact.conformal["temperature"] == pytest.approx(1 - scaled[items, fit.gold])
+    divided = softmax(fit.logits) / np.stack([artifact.content_free[0], artifact.content_free[1]])
+    contextual = (divided / divided.sum(axis=2, keepdims=True)).mean(axis=1)
+    assert artifact.conformal["contextual"] == pytest.approx(1 - contextual[items, fit.gold])
 
 
 def test_overlapping_data_and_unknown_labels_are_refused_before_reading(smollm2: LoadedModel) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, field_validator
 
 from slotread.core.answers import choice_confidence
 from slotread.core.questions import CalibrationMethod
@@ -121,6 +121,7 @@ class DecisionsRequest(_Wire):
     x_samples: StrictInt | Literal["auto"] | None = None
     x_permutations: StrictInt | None = None
     x_calibration: CalibrationMethod | None = None
+    x_coverage: StrictFloat | None = None
 
     @field_validator("questions")
     @classmethod
@@ -168,7 +169,7 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
-    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration"):
+    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration", "x_coverage"):
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)
     return body

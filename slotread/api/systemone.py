@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
 from slotread.core.decide import DecisionResult
@@ -101,6 +101,7 @@ class SystemOneRequest(BaseModel):
     x_samples: StrictInt | Literal["auto"] | None = None
     x_permutations: StrictInt | None = None
     x_calibration: CalibrationMethod | None = None
+    x_coverage: StrictFloat | None = None
 
     @field_validator("questions")
     @classmethod
@@ -218,6 +219,14 @@ def to_decision(
     if not 1 <= permutations <= max_permutations:
         msg = f"x_permutations must be 1..{max_permutations}, got {permutations}"
         problems.append(_problem(["x_permutations"], msg))
+    coverage = request.x_coverage
+    if coverage is not None and not 0 < coverage < 1:
+        problems.append(_problem(["x_coverage"], f"x_coverage must be between 0 and 1 (exclusive), got {coverage}"))
+    if coverage is not None and request.x_calibration == "batch":
+        msg = (
+            "x_coverage needs x_calibration 'none', 'contextual' or 'temperature': batch calibration moves with traffic"
+        )
+        problems.append(_problem(["x_coverage"], msg))
     questions: dict[str, Question] = {}
     for qid, wire in request.questions.items():
         questions[qid], found = _question(qid, wire, questions)
@@ -237,6 +246,7 @@ def to_decision(
         joint=joint,
         permutations=permutations,
         calibration=request.x_calibration or "none",
+        coverage=coverage,
     )
 
 
@@ -264,6 +274,8 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
             float(stderr[0]) if question.kind == "noul" else {n: float(s) for n, s in zip(names, stderr, strict=True)}
         )
         body["x_agreement"] = summary.agreement
+    if answer.prediction_set is not None and question.kind != "noul":
+        body["x_set"] = [names[i] for i in answer.prediction_set]
     body["x_entropy"] = summary.entropy
     body["x_label_mass"] = answer.label_mass
     body["x_reads"] = summary.reads

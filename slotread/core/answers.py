@@ -53,11 +53,13 @@ class Answer:
     raw reads it was built from.
 
     ``stderr``/``agreement`` exist only when the question was read more than once.
+    ``prediction_set`` holds the option indices of a conformal prediction set, when one was asked for.
     """
 
     question: Question
     summary: ReadSummary
     reads: tuple[Read, ...]
+    prediction_set: tuple[int, ...] | None = None
 
     @property
     def probabilities(self) -> np.ndarray:

@@ -65,8 +65,9 @@ class Decision:
     """A whole request: the state text, the questions in caller order, and how to read them.
 
     ``permutations``: how many option→label assignments each question is read under (at most its
-    number of options; scores always one, see ``core.decide``). ``calibration`` is applied by
-    ``slotread.quality``; ``core.decide`` only carries it.
+    number of options; scores always one, see ``core.decide``). ``calibration`` and ``coverage``
+    (the target coverage of conformal prediction sets) are applied by ``slotread.quality``;
+    ``core.decide`` only carries them.
     """
 
     state: str
@@ -77,3 +78,4 @@ class Decision:
     joint: bool = False
     permutations: int = 1
     calibration: CalibrationMethod = "none"
+    coverage: float | None = None

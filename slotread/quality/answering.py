@@ -1,10 +1,11 @@
-"""Answer a decision with the calibration it asks for.
+"""Answer a decision with the calibration and prediction sets it asks for.
 
-Before reading: refuse (422) what the store cannot serve (a temperature never fitted for a question).
-For ``contextual``, read the content-free prompts the store lacks: each question without the state
-(``CONTENT_FREE_STATES`` in its place), without earlier answers, under the same assignments, as
-isolated branches; p_cf per shift is the mean of their softmaxes. Then ``core.decide`` reads the
-decision and hands each raw answer to ``calibrate_answer`` before later stages see it.
+Before reading: refuse (422) what the store cannot serve (a temperature never fitted for a question,
+conformal scores missing or fitted under other read options). For ``contextual``, read the
+content-free prompts the store lacks: each question without the state (``CONTENT_FREE_STATES`` in
+its place), without earlier answers, under the same assignments, as isolated branches; p_cf per
+shift is the mean of their softmaxes. Then ``core.decide`` reads the decision and hands each raw
+answer to ``calibrate_answer`` before later stages see it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.prompt.render import Renderer
 from slotread.quality.artifact import Calibration, schema_hash
 from slotread.quality.calibration import calibrate_reads, divide_prior
+from slotread.quality.conformal import conformal_threshold, prediction_set
 from slotread.quality.store import CalibrationStore
 
 #: What stands in for the state in a content-free read (Zhao et al. 2021 use "N/A", "" and "[MASK]";
@@ -48,7 +50,7 @@ def decide_calibrated(
     spent = (0, 0)
     if decision.calibration == "contextual":
         spent = _read_content_free(decision, engine, renderer, store, schemas, max_tokens)
-    if decision.calibration == "none":
+    if decision.calibration == "none" and decision.coverage is None:
         result = decide(decision, engine, renderer, max_tokens)
     else:
         result = decide(
@@ -62,7 +64,8 @@ def decide_calibrated(
 
 
 def calibrate_answer(answer: Answer, decision: Decision, store: CalibrationStore, schema: str) -> Answer:
-    """The answer with each read calibrated by ``decision.calibration``, then averaged again."""
+    """The answer with each read calibrated by ``decision.calibration``, then averaged again, and for a
+    choice or score its prediction set at ``decision.coverage`` when one is asked for."""
     logits = np.stack([read.logits for read in answer.reads])  # (R, n)
     shifts = [read.shift for read in answer.reads]
     method = decision.calibration
@@ -73,7 +76,14 @@ def calibrate_answer(answer: Answer, decision: Decision, store: CalibrationStore
         fitted = store.artifact(schema)
         temperature = fitted.temperature if fitted else None
         per_read = calibrate_reads(logits, shifts, method, temperature, store.content_free(schema))
-    return replace(answer, summary=aggregate_reads(per_read))
+    summary = aggregate_reads(per_read)
+    found = None
+    if decision.coverage is not None and answer.question.kind != "noul":
+        fitted = store.artifact(schema)
+        assert fitted is not None  # _check refused the decision otherwise
+        threshold = conformal_threshold(fitted.conformal[method], decision.coverage)
+        found = prediction_set(summary.probabilities, threshold)
+    return replace(answer, summary=summary, prediction_set=found)
 
 
 def _check(decision: Decision, store: CalibrationStore, schemas: dict[str, str]) -> None:
@@ -87,8 +97,30 @@ def _check(decision: Decision, store: CalibrationStore, schemas: dict[str, str])
                 "fit one with `slotread calibrate` and serve it with --calibration, or ask for 'contextual' or 'batch'"
             )
             problems.append({"loc": ["body", "x_calibration"], "msg": msg, "type": "value_error"})
+        unset = _conformal_problem(question, decision, fitted, store.model, schema)
+        if decision.coverage is not None and question.kind != "noul" and unset:
+            problems.append({"loc": ["body", "x_coverage"], "msg": unset, "type": "value_error"})
     if problems:
         raise InvalidRequest(problems)
+
+
+def _conformal_problem(
+    question: Question, decision: Decision, fitted: Calibration | None, model: str, schema: str
+) -> str | None:
+    """Why no prediction set can be given for ``question``, or None if one can."""
+    where = f"question {question.id!r} on {model} (schema {schema[:16]})"
+    if fitted is None or decision.calibration not in fitted.conformal:
+        return (
+            f"no conformal scores for x_calibration {decision.calibration!r} are fitted for {where}; "
+            "fit them with `slotread calibrate` and serve them with --calibration"
+        )
+    fitted_shifts = question_shifts(question, fitted.permutations)
+    if fitted_shifts != question_shifts(question, decision.permutations):
+        return (
+            f"the conformal scores of {where} were fitted with x_permutations {fitted.permutations} "
+            f"({len(fitted_shifts)} assignments); this request reads others, so their coverage would not hold"
+        )
+    return None
 
 
 def _read_content_free(

@@ -9,12 +9,13 @@
         "temperature": {"temperature": 1.83},
         "contextual": {"states": ["N/A", "", "[empty]"], "content_free": {"<shift>": [p_cf in option order]}}
       },
+      "conformal": {"<method>": [1 − p(gold) per calibration item]},
       "fitted_on": {"request": {"x_permutations": 1, ...}, "items": 154, "ids": [...], "ids_sha256": "...", ...}
     }
 
 Every part but ``model``, ``schema`` and ``question`` is optional: the server writes artifacts that
 hold only content-free distributions; ``slotread calibrate`` writes all of it. ``fitted_on.request``
-holds the read options the temperature was fitted under.
+holds the read options the temperature and conformal scores were fitted under.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from slotread.core.questions import Question
+from slotread.core.questions import CalibrationMethod, Question
 from slotread.errors import CalibrationError
 
 FORMAT = "slotread-calibration/1"
+#: Methods whose conformal scores an artifact may hold: batch calibration changes with traffic.
+CONFORMAL_METHODS: tuple[CalibrationMethod, ...] = ("none", "contextual", "temperature")
 
 
 def schema_hash(question: Question, instructions: str | None) -> str:
@@ -63,11 +66,13 @@ class Calibration:
     #: shift → mean label distribution of the content-free reads under that assignment
     content_free: Mapping[int, np.ndarray] = field(default_factory=dict)
     content_free_states: tuple[str, ...] = ()
+    #: method → nonconformity scores of the calibration items under that method
+    conformal: Mapping[str, np.ndarray] = field(default_factory=dict)
     fitted_on: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def permutations(self) -> int:
-        """The ``x_permutations`` the temperature was fitted under."""
+        """The ``x_permutations`` the temperature and conformal scores were fitted under."""
         return int(self.fitted_on.get("request", {}).get("x_permutations", 1))
 
     def to_json(self) -> dict[str, Any]:
@@ -86,6 +91,7 @@ class Calibration:
             "schema": self.schema,
             "question": {"type": self.kind, "options": list(self.options)},
             "methods": methods,
+            "conformal": {m: s.tolist() for m, s in self.conformal.items()},
             "fitted_on": dict(self.fitted_on),
         }
 
@@ -136,6 +142,12 @@ def _parse(data: Any) -> Calibration:
         int(shift): _distribution(p, n, f"content_free[{shift}]")
         for shift, p in contextual.get("content_free", {}).items()
     }
+    conformal = {}
+    for method, scores in data.get("conformal", {}).items():
+        values = np.asarray(scores, dtype=np.float64)
+        if method not in CONFORMAL_METHODS or values.ndim != 1 or not np.all((values >= 0) & (values <= 1)):
+            raise ValueError(f"conformal[{method!r}] must be scores in [0, 1] of one of {CONFORMAL_METHODS}")
+        conformal[method] = values
     return Calibration(
         model=str(data["model"]),
         schema=str(data["schema"]),
@@ -144,5 +156,6 @@ def _parse(data: Any) -> Calibration:
         temperature=None if temperature is None else float(temperature),
         content_free=content_free,
         content_free_states=tuple(contextual.get("states", ())),
+        conformal=conformal,
         fitted_on=dict(data.get("fitted_on", {})),
     )

@@ -21,6 +21,7 @@ REQUEST: dict[str, Any] = {
     "x_seed": 3,
     "x_permutations": 2,
     "x_calibration": "contextual",
+    "x_coverage": 0.9,
 }
 
 
@@ -36,6 +37,7 @@ def test_a_request_becomes_the_system_one_body_asking_the_same_questions() -> No
         "x_seed": 3,
         "x_permutations": 2,
         "x_calibration": "contextual",
+        "x_coverage": 0.9,
     }
 
 

@@ -167,6 +167,9 @@ def test_unknown_top_level_fields_are_ignored_and_options_parsed() -> None:
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_permutations": 0}, ["body", "x_permutations"]),
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_permutations": 2.0}, ["body", "x_permutations"]),
         ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_calibration": "platt"}, ["body", "x_calibration"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_coverage": "0.9"}, ["body", "x_coverage"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_coverage": 1.0}, ["body", "x_coverage"]),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "x_coverage": 0.0}, ["body", "x_coverage"]),
     ],
 )
 def test_malformed_requests_are_located(body: Any, where: list[Any]) -> None:
@@ -269,3 +272,11 @@ def test_calibration_defaults_to_none() -> None:
     body: dict[str, Any] = {"state": "s", "questions": {"q": CHOICE}}
     assert decision(body).calibration == "none"
     assert decision({**body, "x_calibration": "batch"}).calibration == "batch"
+
+
+def test_coverage_is_a_share_and_needs_a_fixed_calibration() -> None:
+    body: dict[str, Any] = {"state": "s", "questions": {"q": CHOICE}}
+    assert decision(body).coverage is None
+    assert decision({**body, "x_coverage": 0.9, "x_calibration": "temperature"}).coverage == 0.9
+    (problem,) = problems({**body, "x_coverage": 0.9, "x_calibration": "batch"})
+    assert problem["loc"] == ["body", "x_coverage"] and "batch calibration" in problem["msg"]

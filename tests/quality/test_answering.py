@@ -1,5 +1,6 @@
 """Calibrated decisions end to end on SmolLM2: each method's arithmetic against the raw answer."""
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,37 @@ def test_a_calibration_directory_keeps_content_free_reads_across_restarts(smollm
     engine = counting(restarted)
     assert restarted.decide(body)["answers"]["urgent"] == pytest.approx(answer, abs=1e-5)  # engine tolerance
     assert engine.reads == 1
+
+
+def test_coverage_adds_the_prediction_set_to_choices_and_scores(smollm2: LoadedModel, tmp_path: Path) -> None:
+    questions = {
+        "intent": QUESTIONS["intent"],
+        "mood": {"type": "score", "criteria": ["calm", "annoyed", "furious"]},
+        "urgent": QUESTIONS["urgent"],
+    }
+    body = {"state": STATE, "questions": questions, "x_coverage": 0.5}
+    with pytest.raises(InvalidRequest) as caught:
+        Decider(smollm2).decide(body)
+    assert [d["loc"] for d in caught.value.detail] == [["body", "x_coverage"]] * 2  # not the noul
+    assert "no conformal scores for x_calibration 'none'" in caught.value.detail[0]["msg"]
+    raw = Decider(smollm2).decide({**body, "x_coverage": None})["answers"]
+    for qid, options in (("intent", ("refund", "replacement", "other")), ("mood", ("0", "1", "2"))):
+        p = np.sort(list(raw[qid]["probabilities"].values()))[::-1]
+        # scores whose 2nd smallest (⌈(3 + 1)·0.5⌉ = 2) lies between 1 − p_top and 1 − p_second: only the top
+        middle = 1 - (p[0] + p[1]) / 2
+        scores = np.array([0.0, middle, 1.0])
+        fitted = Calibration(smollm2.name, schema(Decider(smollm2), qid, body), questions[qid]["type"], options)
+        replace(fitted, conformal={"none": scores}).save(tmp_path / f"{qid}.json")
+    decider = Decider(smollm2, calibration_dir=tmp_path)
+    got = decider.decide(body)["answers"]
+    assert got["intent"]["x_set"] == [raw["intent"]["choice"]]
+    assert got["mood"]["x_set"] == [max(raw["mood"]["probabilities"], key=raw["mood"]["probabilities"].get)]
+    assert "x_set" not in got["urgent"]
+    # ⌈4 · 0.9⌉ = 4 > 3 scores: every option, in option order
+    assert decider.decide({**body, "x_coverage": 0.9})["answers"]["mood"]["x_set"] == ["0", "1", "2"]
+    with pytest.raises(InvalidRequest) as caught:
+        decider.decide({**body, "x_permutations": 2})
+    (problem,) = caught.value.detail  # a score is read the same under any x_permutations
+    assert "question 'intent'" in problem["msg"] and "fitted with x_permutations 1 (1 assignments)" in problem["msg"]
+    with pytest.raises(InvalidRequest, match="no conformal scores for x_calibration 'contextual'"):
+        decider.decide({**body, "x_calibration": "contextual"})

@@ -34,6 +34,7 @@ def artifact() -> Calibration:
         temperature=1.5,
         content_free={0: np.array([0.7, 0.3]), 1: np.array([0.4, 0.6])},
         content_free_states=("N/A", ""),
+        conformal={"none": np.array([0.1, 0.5, 0.9]), "temperature": np.array([0.2, 0.4, 0.8])},
         fitted_on={"items": 3, "request": {"x_permutations": 2}},
     )
 
@@ -44,6 +45,7 @@ def test_an_artifact_round_trips_through_its_file(tmp_path: Path) -> None:
     loaded = Calibration.load(path)
     assert loaded.to_json() == artifact().to_json()
     assert loaded.content_free[1].tolist() == [0.4, 0.6] and loaded.permutations == 2
+    assert loaded.conformal["temperature"].tolist() == [0.2, 0.4, 0.8]
     assert json.loads(path.read_text())["methods"]["temperature"] == {"temperature": 1.5}
     assert list(tmp_path.iterdir()) == [path]  # the temporary file was renamed into place
 
@@ -55,6 +57,8 @@ def test_an_artifact_round_trips_through_its_file(tmp_path: Path) -> None:
         ({"methods": {"temperature": {"temperature": -1}}}, "temperature"),
         ({"methods": {"contextual": {"content_free": {"0": [0.5, 0.6]}}}}, "content_free"),
         ({"question": {"type": "choice"}}, "options"),
+        ({"conformal": {"none": [0.5, 1.5]}}, "conformal"),
+        ({"conformal": {"batch": [0.5]}}, "conformal"),
     ],
 )
 def test_a_broken_artifact_is_refused_naming_its_file(tmp_path: Path, change: dict, problem: str) -> None:
