@@ -10,6 +10,7 @@ answer to ``calibrate_answer`` before later stages see it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -53,19 +54,31 @@ def decide_calibrated(
     if decision.calibration == "none" and decision.coverage is None:
         result = decide(decision, engine, renderer, max_tokens)
     else:
-        result = decide(
-            decision,
-            engine,
-            renderer,
-            max_tokens,
-            lambda answer: calibrate_answer(answer, decision, store, schemas[answer.question.id]),
-        )
+        # what each schema is calibrated with, taken once: the store may forget or add meanwhile
+        fits = {schema: (store.artifact(schema), store.content_free(schema)) for schema in schemas.values()}
+
+        def adjust(answer: Answer) -> Answer:
+            schema = schemas[answer.question.id]
+            return calibrate_answer(answer, decision, schema, store, *fits[schema])
+
+        result = decide(decision, engine, renderer, max_tokens, adjust)
     return DecisionResult(result.answers, result.input_tokens + spent[0], result.output_tokens + spent[1])
 
 
-def calibrate_answer(answer: Answer, decision: Decision, store: CalibrationStore, schema: str) -> Answer:
+def calibrate_answer(
+    answer: Answer,
+    decision: Decision,
+    schema: str,
+    store: CalibrationStore,
+    fitted: Calibration | None,
+    content_free: Mapping[int, np.ndarray],
+) -> Answer:
     """The answer with each read calibrated by ``decision.calibration``, then averaged again, and for a
-    choice or score its prediction set at ``decision.coverage`` when one is asked for."""
+    choice or score its prediction set at ``decision.coverage`` when one is asked for.
+
+    ``fitted`` and ``content_free`` are the schema's artifact and content-free distributions; ``store``
+    keeps the batch priors.
+    """
     logits = np.stack([read.logits for read in answer.reads])  # (R, n)
     shifts = [read.shift for read in answer.reads]
     method = decision.calibration
@@ -73,13 +86,11 @@ def calibrate_answer(answer: Answer, decision: Decision, store: CalibrationStore
         priors = store.batch.priors_then_update([(schema, s) for s in shifts], softmax(logits))
         per_read = divide_prior(logits, priors)
     else:
-        fitted = store.artifact(schema)
         temperature = fitted.temperature if fitted else None
-        per_read = calibrate_reads(logits, shifts, method, temperature, store.content_free(schema))
+        per_read = calibrate_reads(logits, shifts, method, temperature, content_free)
     summary = aggregate_reads(per_read)
     found = None
     if decision.coverage is not None and answer.question.kind != "noul":
-        fitted = store.artifact(schema)
         assert fitted is not None  # _check refused the decision otherwise
         threshold = conformal_threshold(fitted.conformal[method], decision.coverage)
         found = prediction_set(summary.probabilities, threshold)

@@ -207,14 +207,21 @@ def test_auto_samples_reread_only_uncertain_questions(decider: Decider) -> None:
             assert decider.engine.noisy and answer["x_reads"] == 4
 
 
-def test_joint_canvas_reads_a_stage_in_one_read(tiny_diffusion: LoadedModel) -> None:
+@pytest.mark.parametrize(
+    ("options", "canvases", "reads"),
+    [({"x_samples": 2}, 2, [2, 2, 2]), ({"x_permutations": 3}, 3, [2, 3, 1])],
+)
+def test_joint_canvas_reads_a_stage_once_per_draw_and_assignment(
+    tiny_diffusion: LoadedModel, options: dict[str, int], canvases: int, reads: list[int]
+) -> None:
+    # with x_permutations 3: the noul has 2 assignments, the choice 3, the score 1
     decider = Decider(tiny_diffusion)
-    body = {"state": STATE, "questions": QUESTIONS, "x_joint": True, "x_samples": 2}
+    body = {"state": STATE, "questions": QUESTIONS, "x_joint": True, **options}
     requests = recorded(decider, body)
-    assert len(requests) == 2 and all(len(r.slots) == 3 for r in requests)
+    assert len(requests) == canvases and all(len(r.slots) == 3 for r in requests)
     got = decider.decide(body)["answers"]
-    assert list(got) == list(QUESTIONS) and all(a["x_reads"] == 2 for a in got.values())
-    assert got != answers(decider, QUESTIONS, x_samples=2)
+    assert list(got) == list(QUESTIONS) and [got[q]["x_reads"] for q in QUESTIONS] == reads
+    assert got != answers(decider, QUESTIONS, **options)
 
 
 def test_permutations_read_each_assignment_once(decider: Decider) -> None:
@@ -234,15 +241,6 @@ def test_permutations_read_each_assignment_once(decider: Decider) -> None:
 def test_permutations_multiply_the_draws(decider: Decider) -> None:
     got = answers(decider, {"intent": QUESTIONS["intent"]}, x_permutations=3, x_samples=2)
     assert got["intent"]["x_reads"] == (6 if decider.engine.noisy else 3)
-
-
-def test_joint_canvases_are_read_once_per_assignment(tiny_diffusion: LoadedModel) -> None:
-    decider = Decider(tiny_diffusion)
-    body = {"state": STATE, "questions": QUESTIONS, "x_joint": True, "x_permutations": 3}
-    requests = recorded(decider, body)
-    assert len(requests) == 3 and all(len(r.slots) == 3 for r in requests)
-    got = decider.decide(body)["answers"]
-    assert [got[q]["x_reads"] for q in QUESTIONS] == [2, 3, 1]
 
 
 class OptionPickingEngine:

@@ -11,11 +11,11 @@ from slotread.api.systemone import parse_request, to_decision
 from slotread.core.aggregate import softmax
 from slotread.core.answers import Answer
 from slotread.decider import Decider
-from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import InvalidRequest
 from slotread.models.load import LoadedModel
 from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import Calibration, schema_hash
+from tests.core.test_decide import RecordingEngine
 
 QUESTIONS: dict[str, Any] = {
     "intent": {
@@ -28,23 +28,8 @@ QUESTIONS: dict[str, Any] = {
 STATE = "My card never arrived and I need to pay rent tomorrow. Send a new one now!"
 
 
-class CountingEngine:
-    """A real engine that counts the reads it is asked for."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.family = engine.family
-        self.noisy = engine.noisy
-        self.max_tokens = engine.max_tokens
-        self.reads = 0
-
-    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
-        self.reads += len(requests)
-        return self.engine.read(requests)
-
-
-def counting(decider: Decider) -> CountingEngine:
-    engine = CountingEngine(decider.engine)
+def counting(decider: Decider) -> RecordingEngine:
+    engine = RecordingEngine(decider.engine)
     decider.engine = engine
     return engine
 
@@ -65,16 +50,16 @@ def test_contextual_divides_by_the_content_free_reads_once_per_schema(smollm2: L
     engine = counting(decider)
     body = {"state": STATE, "questions": QUESTIONS}
     plain = decider.decide(body)
-    assert engine.reads == 2
+    assert len(engine.requests) == 2
     result = decider.answer({**body, "x_calibration": "contextual"})
-    assert engine.reads == 2 + 2 + 2 * len(CONTENT_FREE_STATES)  # the two questions, then their blank reads
+    assert len(engine.requests) == 2 + 2 + 2 * len(CONTENT_FREE_STATES)  # the two questions, then their blank reads
     assert result.input_tokens > plain["usage"]["input_tokens"]
     for qid in QUESTIONS:
         p_cf = decider.calibrations.content_free(schema(decider, qid, body))[0]
         expected = raw(result.answers[qid]) / p_cf
         assert result.answers[qid].probabilities == pytest.approx(expected / expected.sum(), abs=1e-12)
     again = decider.decide({**body, "state": "Where is my refund?", "x_calibration": "contextual"})
-    assert engine.reads == 2 + 2 + 2 * len(CONTENT_FREE_STATES) + 2  # cached: no blank reads
+    assert len(engine.requests) == 2 + 2 + 2 * len(CONTENT_FREE_STATES) + 2  # cached: no blank reads
     assert again["usage"] == decider.decide({**body, "state": "Where is my refund?"})["usage"]
 
 
@@ -128,7 +113,7 @@ def test_a_calibration_directory_keeps_content_free_reads_across_restarts(smollm
     restarted = Decider(smollm2, calibration_dir=tmp_path)
     engine = counting(restarted)
     assert restarted.decide(body)["answers"]["urgent"] == pytest.approx(answer, abs=1e-5)  # engine tolerance
-    assert engine.reads == 1
+    assert len(engine.requests) == 1
 
 
 def test_coverage_adds_the_prediction_set_to_choices_and_scores(smollm2: LoadedModel, tmp_path: Path) -> None:
