@@ -8,6 +8,10 @@
   ``diffusion_gemma`` loads as ``DiffusionGemmaForBlockDiffusion`` (family "diffusion"), anything
   else as ``AutoModelForCausalLM`` (family "causal").
 
+``load_tokenizer`` loads the same tokenizer without any weights (what a gateway needs to render
+prompts for remote engines): from a directory as above, and for a registry model or ``.gguf`` file
+straight from the GGUF, which is fetched but not converted.
+
 Nothing here reaches a model hub: every transformers call passes ``local_files_only=True``. Every
 failure raises ModelLoadError naming the model and the reason; slotread needs a tokenizer with a
 chat template, so a checkpoint without one is refused here.
@@ -25,11 +29,12 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     DiffusionGemmaForBlockDiffusion,
+    PretrainedConfig,
     PreTrainedTokenizerBase,
 )
 
 from slotread.errors import ModelLoadError
-from slotread.models.convert import convert_gguf, is_converted
+from slotread.models.convert import convert_gguf, is_converted, tokenizer_from_gguf
 from slotread.models.fetch import default_cache_dir, fetch_artifact, sha256_file
 from slotread.models.registry import REGISTRY, Family
 
@@ -47,6 +52,17 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     family: Family
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A model's tokenizer and family without its weights: enough to render reads for remote engines."""
+
+    name: str
+    tokenizer: PreTrainedTokenizerBase
+    family: Family
+    #: the size of the model's output vocabulary, which DiffusionGemma draws canvas noise from
+    vocab_size: int
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,24 @@ def load_model(
     return _load_checkpoint(_checkpoint_dir(spec, cache), spec, device, dtype)
 
 
+def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> LoadedTokenizer:
+    """The tokenizer ``load_model(spec)`` would load, without loading or converting weights.
+
+    A registry model converted already is read from its checkpoint; otherwise its GGUF is fetched (not
+    converted) and the tokenizer built from it as a conversion would save it (about 10 s against 0.5 s
+    for the saved one). A ``.gguf`` file's is built likewise.
+    """
+    if spec in REGISTRY:
+        entry = REGISTRY[spec]
+        cache = cache_dir if cache_dir is not None else default_cache_dir()
+        directory = cache / "models" / entry.name
+        if is_converted(directory, entry.gguf.sha256):
+            return _directory_tokenizer(directory, spec)
+        return _gguf_tokenizer(fetch_artifact(entry.gguf, cache, model=spec), spec, entry.family)
+    source = _local_source(spec)
+    return _gguf_tokenizer(source, spec, "causal") if source.is_file() else _directory_tokenizer(source, spec)
+
+
 def list_models(cache_dir: Path | None = None) -> list[ModelListing]:
     """Every registry model, and whether its converted checkpoint is already cached."""
     cache = cache_dir if cache_dir is not None else default_cache_dir()
@@ -92,13 +126,19 @@ def _checkpoint_dir(spec: str, cache: Path) -> Path:
             gguf = fetch_artifact(entry.gguf, cache, model=spec)
             convert_gguf(gguf, directory, model=spec, source_sha256=entry.gguf.sha256)
         return directory
-    path = Path(spec).expanduser()
+    path = _local_source(spec)
     if path.is_dir():
         return path
-    if path.is_file() and path.suffix == ".gguf":
-        digest = sha256_file(path)
-        directory = cache / "models" / f"{path.stem}-{digest[:12]}"
-        return convert_gguf(path, directory, model=spec, source_sha256=digest)
+    digest = sha256_file(path)
+    directory = cache / "models" / f"{path.stem}-{digest[:12]}"
+    return convert_gguf(path, directory, model=spec, source_sha256=digest)
+
+
+def _local_source(spec: str) -> Path:
+    """The checkpoint directory or ``.gguf`` file ``spec`` names (it is no registry name)."""
+    path = Path(spec).expanduser()
+    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
+        return path
     if path.exists():
         raise ModelLoadError(spec, "not a checkpoint directory or a .gguf file")
     raise ModelLoadError(
@@ -106,8 +146,8 @@ def _checkpoint_dir(spec: str, cache: Path) -> Path:
     )
 
 
-def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype) -> LoadedModel:
-    """Tokenizer first (cheap to refuse), then the weights in the class the config names."""
+def _read_tokenizer(directory: Path, name: str) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
+    """A checkpoint directory's config and tokenizer, which must have a chat template."""
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
     except _LOAD_ERRORS as exc:
@@ -118,9 +158,34 @@ def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(name, f"{directory} has no loadable tokenizer: {exc}") from exc
+    _require_chat_template(tokenizer, name, str(directory))
+    return config, tokenizer
+
+
+def _directory_tokenizer(directory: Path, name: str) -> LoadedTokenizer:
+    config, tokenizer = _read_tokenizer(directory, name)
+    return LoadedTokenizer(name, tokenizer, _family(config), int(config.get_text_config().vocab_size))
+
+
+def _gguf_tokenizer(gguf: Path, name: str, family: Family) -> LoadedTokenizer:
+    tokenizer = tokenizer_from_gguf(gguf, name)
+    _require_chat_template(tokenizer, name, gguf.name)
+    return LoadedTokenizer(name, tokenizer, family, len(tokenizer))
+
+
+def _require_chat_template(tokenizer: PreTrainedTokenizerBase, name: str, where: str) -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(name, f"the tokenizer in {directory} has no chat template")
-    family: Family = "diffusion" if config.model_type == "diffusion_gemma" else "causal"
+        raise ModelLoadError(name, f"the tokenizer in {where} has no chat template")
+
+
+def _family(config: PretrainedConfig) -> Family:
+    return "diffusion" if config.model_type == "diffusion_gemma" else "causal"
+
+
+def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype) -> LoadedModel:
+    """Tokenizer first (cheap to refuse), then the weights in the class the config names."""
+    config, tokenizer = _read_tokenizer(directory, name)
+    family = _family(config)
     model_class = DiffusionGemmaForBlockDiffusion if family == "diffusion" else AutoModelForCausalLM
     try:
         model = model_class.from_pretrained(directory, dtype=dtype, device_map=device, local_files_only=True)
