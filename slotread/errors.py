@@ -12,6 +12,8 @@
     ├── AuthenticationFailed       the server checks API keys and the request has none or a wrong one (401)
     ├── Overloaded                 no decision slot is free and none frees up in time (529, retry-after)
     ├── NotReady                   the model is still loading, or failed to load (503)
+    ├── WireError                  a vLLM-style completions body breaks the engine wire contract
+    │                              (``engines/remote/wire.py``); ``param`` names the field (400)
     ├── UpstreamUnavailable        no remote replica could take a read: all down, busy or too slow (503, retry-after)
     └── UpstreamError              a remote replica refused a read or answered it malformed: the gateway and
                                    the replica disagree on the wire, not the caller's fault (502)
@@ -105,6 +107,20 @@ class Overloaded(SlotreadError):
 
 class NotReady(SlotreadError):
     """The server is up but cannot decide yet: the model is still loading, or failed to load."""
+
+
+class WireError(SlotreadError):
+    """A ``/v1/completions`` request or response body breaks the wire contract; ``param`` names the field
+    (the message names it too).
+
+    The engine server answers it 400 in vLLM's error shape; a client reading a response that raises it
+    got an answer it cannot use.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.message = message
+        self.param = param
+        super().__init__(message)
 
 
 class UpstreamUnavailable(SlotreadError):

@@ -1,0 +1,429 @@
+"""The engine wire: a slot read as a vLLM ``POST /v1/completions`` body, and vLLM's response as scores.
+
+Both ends use this module and nothing else of the wire: a remote engine builds bodies
+(``completion_bodies``) and reads responses (``slot_scores``); ``slotread engine`` checks a body
+(``parse_completion``), reads it (``read_request``) and answers (``completion_response``). It knows
+token ids only, and imports no server package.
+
+Request, one per at most 128 distinct label ids (a read that needs more is split over several)::
+
+    {"model": str,
+     "prompt": [int, ...],              token ids; causal: the prompt and the reply prefix up to the slot
+     "max_tokens": int,                 causal 1; diffusion: the canvas length
+     "temperature": 0,
+     "logprobs": 1,                     alternatives per position; the engine server takes 0 or 1
+     "logprob_token_ids": [int, ...],   at most 128 distinct ids whose logprobs come back at every position
+     "return_tokens_as_token_ids": true,
+     "vllm_xargs": {                    diffusion models only
+        "diffusion_seed_canvas": [int, ...], "diffusion_canvas_length": int,
+        "diffusion_max_steps": 1, "diffusion_read_only": true,
+        "diffusion_pinned": [int, ...]}}   optional, only with a seed canvas
+
+Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1
+(the decoder's clean-token prediction at each after one read-only step)::
+
+    {"id": "cmpl-...", "object": "text_completion", "created": int, "model": str,
+     "choices": [{"index": 0, "text": "", "finish_reason": "length",
+                  "logprobs": {"tokens": ["token_id:N", ...], "token_logprobs": [float, ...],
+                               "text_offset": [0, ...], "top_logprobs": [{"token_id:N": float, ...}, ...]}}],
+     "usage": {"prompt_tokens": int, "completion_tokens": int, "total_tokens": int}}
+
+``tokens[p]`` is the argmax at position p (greedy: temperature 0), ``token_logprobs[p]`` its
+log-probability, ``top_logprobs[p]`` holds the argmax and every requested id. Log-probabilities are a
+log-softmax over the whole vocabulary (after the model's softcap), clamped at -9999.0 as vLLM clamps
+``-inf``. Softmax over a slot's label log-probabilities equals softmax over its label logits, so a
+remote read answers what the in-process read answers.
+
+What is vLLM's documented OpenAI-compatible API: token-id prompts, ``max_tokens``, ``logprobs``,
+``return_tokens_as_token_ids`` and its ``token_id:N`` spelling, ``vllm_xargs``, the response shape,
+the ``{"error": {...}}`` error shape. What is our reading of vLLM ≥0.30's structured-diffusion
+extension, not checked against a running vLLM here: ``logprob_token_ids`` and its cap of 128, the
+``diffusion_*`` argument names, ``max_tokens`` equal to the canvas length, and a read-only step
+answering at every canvas position.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+import numpy as np
+
+from slotread.engines.base import Family, ReadRequest, Slot, SlotScores
+from slotread.engines.noise import noise_canvas
+from slotread.errors import UnknownModel, WireError
+
+#: vLLM's cap on ``logprob_token_ids`` per request
+MAX_LOGPROB_TOKEN_IDS = 128
+#: vLLM's floor for a log-probability in a response (it sends this instead of ``-inf``)
+LOGPROB_FLOOR = -9999.0
+#: how ``return_tokens_as_token_ids`` spells a token
+TOKEN_PREFIX = "token_id:"
+
+#: the ``vllm_xargs`` this wire knows
+XARGS = (
+    "diffusion_seed_canvas",
+    "diffusion_canvas_length",
+    "diffusion_max_steps",
+    "diffusion_read_only",
+    "diffusion_pinned",
+)
+
+Body = dict[str, Any]
+Ids = tuple[int, ...]
+
+
+# -- client side: ReadRequest -> bodies, responses -> SlotScores ---------------------------------
+
+
+def completion_bodies(request: ReadRequest, family: Family, model: str, vocab_size: int) -> list[Body]:
+    """The completion bodies that read ``request`` on ``model``: one per 128 distinct label ids.
+
+    A diffusion read's canvas is noised here from the request's seed (``noise_canvas``, as the
+    in-process engine noises it) and sent as the seed canvas, which the server reads as given; a
+    request without a seed is sent as it is. Raises ValueError for a request no engine can read.
+    """
+    if not request.slots or not all(slot.label_ids for slot in request.slots):
+        raise ValueError("a read needs at least one slot, and every slot at least one label id")
+    labels = list(dict.fromkeys(i for slot in request.slots for i in slot.label_ids))
+    if not all(0 <= i < vocab_size for i in labels):
+        raise ValueError(f"label ids must lie below the vocabulary size {vocab_size}")
+    positions = sorted({slot.position for slot in request.slots})
+    canvas: Ids | None = None  # the seed canvas of a diffusion read
+    if family == "causal":
+        if len(positions) > 1 or not 0 <= positions[0] <= len(request.canvas):
+            raise ValueError(f"a causal read has all its slots at one position within the canvas, not at {positions}")
+        prompt = [*request.prompt_ids, *request.canvas[: positions[0]]]
+        max_tokens = 1
+    elif family == "diffusion":
+        if not 0 <= positions[0] <= positions[-1] < len(request.canvas):
+            raise ValueError(f"slot positions {positions} are not all within the canvas of {len(request.canvas)}")
+        canvas = request.canvas
+        if request.seed is not None:
+            canvas = noise_canvas(canvas, positions, request.seed, vocab_size)
+        prompt, max_tokens = list(request.prompt_ids), len(canvas)
+    else:
+        assert_never(family)
+    bodies = []
+    for start in range(0, len(labels), MAX_LOGPROB_TOKEN_IDS):
+        body: Body = {
+            "model": model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": 1,
+            "logprob_token_ids": labels[start : start + MAX_LOGPROB_TOKEN_IDS],
+            "return_tokens_as_token_ids": True,
+        }
+        if canvas is not None:
+            body["vllm_xargs"] = {
+                "diffusion_seed_canvas": list(canvas),
+                "diffusion_canvas_length": len(canvas),
+                "diffusion_max_steps": 1,
+                "diffusion_read_only": True,
+            }
+        bodies.append(body)
+    return bodies
+
+
+@dataclass(frozen=True)
+class _Position:
+    """One position of a response: the argmax, its log-probability, and every logprob sent there."""
+
+    argmax: int
+    argmax_logprob: float
+    logprobs: dict[int, float]
+
+
+def slot_scores(request: ReadRequest, bodies: Sequence[Body], responses: Sequence[Any]) -> SlotScores:
+    """The scores of ``request`` from the responses to its ``completion_bodies``, in the same order.
+
+    Label logits are the label log-probabilities (softmax over them is softmax over the logits), so
+    ``log_normalizer`` is 0 and ``argmax_logit`` the argmax's log-probability; ``label_mass`` sums
+    the probabilities of a slot's distinct labels. Raises WireError for a response that lacks
+    what its body asked for.
+    """
+    if not bodies or len(bodies) != len(responses):
+        raise ValueError(f"{len(bodies)} bodies and {len(responses)} responses: one response per body")
+    diffusion = "vllm_xargs" in bodies[0]
+    count = len(request.canvas) if diffusion else 1
+    parsed = [_response_positions(response, count) for response in responses]
+    argmax = parsed[0]  # every body reads the same positions; they differ in the ids asked for
+    merged: list[dict[int, float]] = [{} for _ in range(count)]
+    for positions in parsed:
+        for into, position in zip(merged, positions, strict=True):
+            into.update(position.logprobs)
+
+    logits, masses, hits, top, top_logprob = [], [], [], [], []
+    for slot in request.slots:
+        p = slot.position if diffusion else 0
+        missing = [i for i in slot.label_ids if i not in merged[p]]
+        if missing:
+            param = f"choices[0].logprobs.top_logprobs[{p}]"
+            raise WireError(f"{param} lacks the logprob of requested token {missing[0]}", param)
+        logits.append(np.array([merged[p][i] for i in slot.label_ids], dtype=np.float32))
+        masses.append(math.fsum(math.exp(merged[p][i]) for i in dict.fromkeys(slot.label_ids)))
+        hits.append(argmax[p].argmax in slot.label_ids)
+        top.append(argmax[p].argmax)
+        top_logprob.append(argmax[p].argmax_logprob)
+    return SlotScores(
+        logits=tuple(logits),
+        label_mass=tuple(masses),
+        argmax_is_label=tuple(hits),
+        argmax_id=tuple(top),
+        argmax_logit=tuple(top_logprob),
+        log_normalizer=(0.0,) * len(request.slots),
+    )
+
+
+def _response_positions(response: Any, count: int) -> list[_Position]:
+    """The ``count`` positions of a completion response's logprobs."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise WireError("the response has no choices[0]", "choices")
+    logprobs = choices[0].get("logprobs")
+    if not isinstance(logprobs, dict):
+        raise WireError("the response has no choices[0].logprobs", "choices[0].logprobs")
+    fields = {}
+    for name in ("tokens", "token_logprobs", "top_logprobs"):
+        value = logprobs.get(name)
+        if not isinstance(value, list) or len(value) != count:
+            param = f"choices[0].logprobs.{name}"
+            raise WireError(f"{param} must be a list of {count} entries, one per read position", param)
+        fields[name] = value
+    positions = []
+    for p, (token, logprob, top) in enumerate(zip(*fields.values(), strict=True)):
+        param = f"choices[0].logprobs.top_logprobs[{p}]"
+        if not isinstance(top, dict):
+            raise WireError(f"{param} must be an object of token -> logprob", param)
+        values = {_token_id(key, param): _logprob(value, param) for key, value in top.items()}
+        param = f"choices[0].logprobs.token_logprobs[{p}]"
+        positions.append(
+            _Position(_token_id(token, f"choices[0].logprobs.tokens[{p}]"), _logprob(logprob, param), values)
+        )
+    return positions
+
+
+def _token_id(text: Any, param: str) -> int:
+    digits = text.removeprefix(TOKEN_PREFIX) if isinstance(text, str) and text.startswith(TOKEN_PREFIX) else ""
+    if not digits.isdigit():
+        raise WireError(f"{param}: {text!r} is not a token id ('token_id:N'; send return_tokens_as_token_ids)", param)
+    return int(digits)
+
+
+def _logprob(value: Any, param: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise WireError(f"{param}: {value!r} is not a log-probability", param)
+    return float(value)
+
+
+# -- server side: body -> CompletionRead -> ReadRequest, SlotScores -> response ------------------
+
+
+@dataclass(frozen=True)
+class CompletionRead:
+    """What one completions body asks the engine server to read, checked."""
+
+    prompt: Ids
+    #: a diffusion read's seed canvas, read at every position; None for a causal read (the next token)
+    canvas: Ids | None
+    #: the distinct ``logprob_token_ids``, in request order
+    token_ids: Ids
+
+    @property
+    def positions(self) -> int:
+        """How many positions the response reports."""
+        return 1 if self.canvas is None else len(self.canvas)
+
+
+def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, max_model_len: int) -> CompletionRead:
+    """Check a completions body against the served model the way vLLM does; raises WireError (400) or
+    UnknownModel (404). Fields that change nothing in a read (``top_p``, ``seed``, ...) are ignored."""
+    if not isinstance(body, dict):
+        raise WireError("the body must be a JSON object", None)
+    name = body.get("model")
+    if name is not None and not isinstance(name, str):
+        raise WireError("model must be a string", "model")
+    if name is not None and name != model:
+        raise UnknownModel(name, [model])
+    prompt = _ids(body.get("prompt"), "prompt", vocab_size)
+    if not prompt:
+        raise WireError("prompt: empty; send the prompt's token ids", "prompt")
+    max_tokens = body.get("max_tokens")
+    if type(max_tokens) is not int or max_tokens < 1:
+        raise WireError("max_tokens must be a positive integer", "max_tokens")
+    if body.get("temperature") not in (None, 0):
+        raise WireError("temperature must be 0: this server reads, it does not sample", "temperature")
+    logprobs = body.get("logprobs")
+    if type(logprobs) is not int or logprobs not in (0, 1):
+        raise WireError(
+            f"logprobs must be 0 or 1, not {logprobs!r}: this server reports the top token at each position; "
+            "ask for other tokens with logprob_token_ids",
+            "logprobs",
+        )
+    token_ids = tuple(dict.fromkeys(_ids(body.get("logprob_token_ids", []), "logprob_token_ids", vocab_size)))
+    if len(token_ids) > MAX_LOGPROB_TOKEN_IDS:
+        raise WireError(
+            f"logprob_token_ids has {len(token_ids)} distinct ids; at most {MAX_LOGPROB_TOKEN_IDS} per request "
+            "(split the read)",
+            "logprob_token_ids",
+        )
+    for field, expected, why in (
+        ("return_tokens_as_token_ids", True, "tokens are always sent as 'token_id:N'"),
+        ("stream", False, "this server does not stream"),
+        ("echo", False, "this server does not echo the prompt"),
+        ("n", 1, "a read has one answer"),
+    ):
+        value = body.get(field)
+        if value is not None and (type(value) is not type(expected) or value != expected):
+            raise WireError(f"{field} must be {json.dumps(expected)} or absent: {why}", field)
+    if body.get("prompt_logprobs") is not None:
+        raise WireError(
+            "prompt_logprobs must be null or absent: this server reports the read positions only", "prompt_logprobs"
+        )
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        raise WireError("vllm_xargs must be an object", "vllm_xargs")
+    for key in xargs or {}:
+        if key not in XARGS:
+            raise WireError(f"vllm_xargs.{key}: unknown; this server takes {', '.join(XARGS)}", f"vllm_xargs.{key}")
+    if family == "causal":
+        if xargs:
+            key = next(iter(xargs))
+            raise WireError(
+                f"vllm_xargs.{key}: {model} is a causal model; diffusion arguments are for diffusion models",
+                f"vllm_xargs.{key}",
+            )
+        if max_tokens != 1:
+            raise WireError("max_tokens must be 1: a causal read reports the next token", "max_tokens")
+        canvas = None
+    else:
+        canvas = _seed_canvas(xargs, max_tokens, vocab_size)
+    total = len(prompt) + max_tokens
+    if total > max_model_len:
+        raise WireError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested {total} "
+            f"tokens ({len(prompt)} in the prompt, {max_tokens} in the completion).",
+            "prompt",
+        )
+    return CompletionRead(prompt, canvas, token_ids)
+
+
+def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int) -> Ids:
+    """The seed canvas of a diffusion body, after checking every ``diffusion_*`` argument."""
+    if xargs is None:
+        raise WireError(
+            "vllm_xargs: a diffusion read needs diffusion_seed_canvas, diffusion_canvas_length, "
+            "diffusion_max_steps 1 and diffusion_read_only true",
+            "vllm_xargs",
+        )
+    seed, pinned = xargs.get("diffusion_seed_canvas"), xargs.get("diffusion_pinned")
+    if pinned is not None and seed is None:
+        raise WireError(
+            "vllm_xargs.diffusion_pinned needs diffusion_seed_canvas: pins hold tokens of a given canvas",
+            "vllm_xargs.diffusion_pinned",
+        )
+    if seed is None:
+        raise WireError(
+            "vllm_xargs.diffusion_seed_canvas: required; this server reads a given canvas",
+            "vllm_xargs.diffusion_seed_canvas",
+        )
+    canvas = _ids(seed, "vllm_xargs.diffusion_seed_canvas", vocab_size)
+    length = xargs.get("diffusion_canvas_length")
+    if type(length) is not int or length < 1:
+        raise WireError(
+            "vllm_xargs.diffusion_canvas_length must be a positive integer", "vllm_xargs.diffusion_canvas_length"
+        )
+    if len(canvas) != length:
+        raise WireError(
+            f"vllm_xargs.diffusion_seed_canvas has {len(canvas)} tokens; diffusion_canvas_length is {length}",
+            "vllm_xargs.diffusion_seed_canvas",
+        )
+    if max_tokens != length:
+        raise WireError(
+            f"max_tokens is {max_tokens}; a diffusion read's completion is its canvas of {length} tokens",
+            "max_tokens",
+        )
+    # vLLM passes xargs through pydantic's lax mode, where JSON true arrives as 1: accept both.
+    if type(xargs.get("diffusion_max_steps")) is not int or xargs["diffusion_max_steps"] != 1:
+        raise WireError(
+            "vllm_xargs.diffusion_max_steps must be 1: this server only reads (one read-only step)",
+            "vllm_xargs.diffusion_max_steps",
+        )
+    if xargs.get("diffusion_read_only") not in (True, 1):
+        raise WireError(
+            "vllm_xargs.diffusion_read_only must be true: this server only reads, it does not generate",
+            "vllm_xargs.diffusion_read_only",
+        )
+    if pinned is not None:
+        # A pin holds its token through later steps: in a one-step read it changes nothing.
+        param = "vllm_xargs.diffusion_pinned"
+        if not isinstance(pinned, list) or not all(type(p) is int and 0 <= p < length for p in pinned):
+            raise WireError(f"{param} must be a list of canvas positions, each from 0 to {length - 1}", param)
+        if len(set(pinned)) != len(pinned):
+            raise WireError(f"{param} lists a position twice", param)
+    return canvas
+
+
+def _ids(value: Any, param: str, vocab_size: int) -> Ids:
+    """A list of token ids, each in the vocabulary."""
+    if not isinstance(value, list) or not all(type(i) is int for i in value):
+        raise WireError(f"{param} must be a list of integer token ids", param)
+    outside = next((i for i in value if not 0 <= i < vocab_size), None)
+    if outside is not None:
+        raise WireError(f"{param}: token id {outside} is out of vocabulary (0 to {vocab_size - 1})", param)
+    return tuple(value)
+
+
+def read_request(read: CompletionRead) -> ReadRequest:
+    """The engine read of a checked body: the next token (causal) or every canvas position (diffusion),
+    each scoring the requested ids; the canvas is read as given (``seed=None``)."""
+    # Engines score at least one label per slot: id 0 stands in when none was asked for, unreported.
+    labels = read.token_ids or (0,)
+    if read.canvas is None:
+        return ReadRequest(prompt=(read.prompt,), canvas=(), slots=(Slot(0, labels),), seed=None)
+    slots = tuple(Slot(position, labels) for position in range(len(read.canvas)))
+    return ReadRequest(prompt=(read.prompt,), canvas=read.canvas, slots=slots, seed=None)
+
+
+def completion_response(read: CompletionRead, scores: SlotScores, model: str) -> Body:
+    """The vLLM response body for ``scores``, the result of ``read_request(read)``."""
+    tokens, token_logprobs, top_logprobs = [], [], []
+    for p in range(read.positions):
+        shift = scores.log_normalizer[p]
+        argmax = _floored(scores.argmax_logit[p] - shift)
+        top = {f"{TOKEN_PREFIX}{scores.argmax_id[p]}": argmax}
+        if read.token_ids:  # else the slot scored only the stand-in label
+            for token, logit in zip(read.token_ids, scores.logits[p], strict=True):
+                top[f"{TOKEN_PREFIX}{token}"] = _floored(float(logit) - shift)
+        tokens.append(f"{TOKEN_PREFIX}{scores.argmax_id[p]}")
+        token_logprobs.append(argmax)
+        top_logprobs.append(top)
+    logprobs = {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "text_offset": [0] * read.positions,  # the text is empty: tokens go as ids
+        "top_logprobs": top_logprobs,
+    }
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": logprobs}],
+        "usage": {
+            "prompt_tokens": len(read.prompt),
+            "completion_tokens": read.positions,
+            "total_tokens": len(read.prompt) + read.positions,
+        },
+    }
+
+
+def _floored(logprob: float) -> float:
+    # JSON has no -inf (nor NaN); vLLM sends -9999.0 for a token the model rules out.
+    return max(logprob, LOGPROB_FLOOR) if math.isfinite(logprob) else LOGPROB_FLOOR
