@@ -135,6 +135,40 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine(args: argparse.Namespace) -> int:
+    import socket
+
+    import torch
+    import uvicorn
+
+    from slotread.models.load import load_model
+    from slotread.serve.engine_app import ServedEngine, create_engine_app
+
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((args.host, args.port))  # a taken port fails now, not after minutes of loading
+        except OSError as exc:
+            print(f"slotread engine: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 1
+        loaded = load_model(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
+        served = ServedEngine.from_loaded(loaded)
+        # Connections are refused until the model is loaded, then queue until uvicorn accepts them.
+        sock.listen(2048)
+        config = uvicorn.Config(
+            create_engine_app(served), log_level=args.log_level.lower(), timeout_graceful_shutdown=30
+        )
+        host, port = sock.getsockname()[:2]
+        print(
+            f"slotread engine: {served.name} ({served.engine.family}, max_model_len {served.engine.max_tokens}) "
+            f"ready on http://{host}:{port}",
+            file=sys.stderr,
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="slotread", description=__doc__)
@@ -207,6 +241,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--health-interval", type=float, default=None, help="seconds between health checks of each upstream (2)"
     )
     serve.set_defaults(run=_serve)
+
+    engine = commands.add_parser("engine", help="serve a model's slot reads over vLLM's completions API")
+    engine.add_argument("--model", required=True, help="registry name, checkpoint dir or .gguf file")
+    engine.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    engine.add_argument("--port", type=int, default=8001, help="port to listen on; 0 picks a free one (default 8001)")
+    engine.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
+    engine.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
+    )
+    engine.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=argparse.SUPPRESS,  # keeps the top-level --cache-dir when not given here
+        help="where fetched models are kept (default: $SLOTREAD_CACHE, else ~/.cache/slotread)",
+    )
+    engine.set_defaults(run=_engine)
 
     models = commands.add_parser("models", help="list registry models, or write a tiny test model")
     model_commands = models.add_subparsers(dest="models_command", required=True)
