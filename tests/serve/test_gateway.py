@@ -38,6 +38,8 @@ QUESTIONS: dict[str, Any] = {
     "escalate": {"type": "noul", "depends_on": ["intent"], "ask_if": {"urgent": [True, False]}},
 }
 STATE = "My card still hasn't arrived after two weeks. Send a new one!"
+#: one stage of two reads: a quick decision for the load tests
+SHORT = {name: QUESTIONS[name] for name in ("urgent", "intent")}
 
 
 def request(seed: int, **fields: Any) -> dict[str, Any]:
@@ -100,6 +102,20 @@ def test_answers_equal_the_in_process_answers(gateway: Live, tiny_diffusion: Loa
     assert response.json()["answers"]["escalate"] is not None
 
 
+def test_a_causal_model_answers_as_in_process(smollm2: LoadedModel, tmp_path: Path) -> None:
+    replica = Replica(smollm2.name, tmp_path / "engine.log").start()
+    try:
+        replica.wait_ready()
+        gateway = Decider(smollm2.name, upstreams=[replica.url], upstream_timeout_s=30.0)
+        try:
+            assert gateway.engine.family == "causal"
+            assert_close(gateway.decide(request(0)), Decider(smollm2).decide(request(0)))
+        finally:
+            gateway.close()
+    finally:
+        replica.stop()
+
+
 def metric(text: str, name: str, replica: str, outcome: str = "") -> float:
     labels = f'outcome="{outcome}",replica="{replica}"' if outcome else f'replica="{replica}"'
     found = re.search(rf"^{name}{{{re.escape(labels)}}} (\S+)$", text, re.M)
@@ -126,35 +142,36 @@ def test_killing_a_replica_loses_no_request_and_a_restart_rejoins(
             for seed in range(worker * 10_000, (worker + 1) * 10_000):
                 if stop.is_set():
                     return
-                responses.append(client.post("/v1/systemone", json=request(seed)))
+                responses.append(client.post("/v1/systemone", json=request(seed, questions=SHORT)))
 
-    def metrics() -> str:
+    def victim_metric(name: str, outcome: str = "") -> float:
         with gateway.client() as client:
-            return client.get("/metrics").text
+            return metric(client.get("/metrics").text, name, victim.url, outcome)
 
-    def ok_count() -> float:
-        return metric(metrics(), "slotread_upstream_requests_total", victim.url, "ok")
-
-    with ThreadPoolExecutor(4) as clients:
-        workers = [clients.submit(client_loop, worker) for worker in range(4)]
+    with ThreadPoolExecutor(3) as clients:
+        workers = [clients.submit(client_loop, worker) for worker in range(3)]
         try:
-            wait_for(lambda: len(responses) >= 8 and ok_count() > 0, 60)
-            victim.kill()
+            wait_for(lambda: len(responses) >= 6 and victim_metric("slotread_upstream_requests_total", "ok") > 0, 60)
+            victim.kill()  # reads in flight there break; they must be read again on the other replica
             killed_at = len(responses)
-            wait_for(lambda: len(responses) >= killed_at + 8, 60)
-            assert metric(metrics(), "slotread_upstream_up", victim.url) == 0.0
-            before_restart = ok_count()
-            victim.start().wait_ready()
-            wait_for(lambda: ok_count() > before_restart, 60)  # back in rotation, taking reads
+            wait_for(lambda: len(responses) >= killed_at + 6, 60)
         finally:
             stop.set()
             for worker in workers:
                 worker.result(60)
-    statuses = {response.status_code for response in responses}
-    assert statuses <= {200, 503}, [response.text for response in responses if response.status_code not in (200, 503)]
+    statuses = [response.status_code for response in responses]
+    assert set(statuses) <= {200, 503}, [response.text for response in responses if response.status_code != 200]
     assert all("retry-after" in response.headers for response in responses if response.status_code == 503)
-    assert sum(response.status_code == 200 for response in responses[killed_at:]) >= 8
-    assert metric(metrics(), "slotread_upstream_up", victim.url) == 1.0
+    assert statuses[killed_at:].count(200) >= 6
+    assert victim_metric("slotread_upstream_up") == 0.0
+
+    before = victim_metric("slotread_upstream_requests_total", "ok")
+    victim.start().wait_ready()
+    with gateway.client() as client:
+        wait_for(lambda: client.get("/readyz").json()["upstreams"][victim.url] == "up", 10)
+        for seed in range(4):  # ties go round, so some of these reach the victim
+            assert client.post("/v1/systemone", json=request(seed)).status_code == 200
+    assert victim_metric("slotread_upstream_requests_total", "ok") > before
 
 
 def test_with_no_replica_left_requests_get_503_with_retry_after(
