@@ -1,6 +1,7 @@
 """The slotread command line, run in process on the tiny DiffusionGemma."""
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,15 @@ def test_serve_refuses_an_api_key_file_without_keys(tmp_path: Path, capsys: pyte
     keys.write_text("# none yet\n")
     assert main(["serve", "--api-keys", str(keys)]) == 1
     assert "holds no API keys" in capsys.readouterr().err
+
+
+def test_engine_exits_1_naming_a_model_it_cannot_load(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["engine", "--model", "no-such-model", "--port", "0"]) == 1
+    assert "no-such-model" in capsys.readouterr().err
+
+
+def test_engine_refuses_a_taken_port_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["engine", "--model", "no-such-model", "--port", str(port)]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -35,14 +35,18 @@ batch composition moves logits far more (up to 6.5 on random 26B-A4B weights); c
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 import torch.nn.functional as F
 from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from slotread.engines.attention import MASKED
 from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.gemma_decoder import OwnPrompt, SharedPart, decode
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import score_slots
@@ -55,6 +59,23 @@ logger = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 2**30
 
 Ids = tuple[int, ...]
+
+#: A read's prompt is split at its shortest cached boundary of at least this many tokens: the KV
+#: before it is read in place by every row sharing it, the tokens after it are copied per row.
+SHARED_MIN = 256
+
+
+@dataclass(frozen=True)
+class _Read:
+    """How one request reads its prompt KV: ``shared`` (the first ``split`` tokens) read in place,
+    starting ``skip`` tokens into a sliding layer's, then its own tokens from ``full``."""
+
+    shared: PrefixKV
+    full: PrefixKV
+    split: int
+    length: int
+    skip: int
+    order_key: tuple[object, ...]
 
 
 class DiffusionGemmaEngine:
@@ -74,10 +95,14 @@ class DiffusionGemmaEngine:
         prefix_cache: PrefixCache | None = None,
         max_tokens: int | None = None,
         max_canvases: int = 32,
+        max_encode_tokens: int = 8192,
+        shared_min: int = SHARED_MIN,
     ) -> None:
         self._config = model.config.get_text_config()
         self.max_tokens = int(max_tokens if max_tokens is not None else self._config.max_position_embeddings)
         self.max_canvases = max_canvases
+        self.max_encode_tokens = max_encode_tokens
+        self.shared_min = shared_min
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(DEFAULT_CACHE_BYTES)
         self._model = model.eval()
         self._encoder = model.model.encoder
@@ -100,19 +125,14 @@ class DiffusionGemmaEngine:
             self._check(index, request)
         scores: dict[int, SlotScores] = {}
         with torch.inference_mode():
-            prompts: dict[Ids, PrefixKV] = {}
-            for request in requests:
-                if request.prompt_ids not in prompts:
-                    prompts[request.prompt_ids] = self._encode(request.prompt)
-            # Equal prompts adjacent (one expand view when a chunk shares one), similar lengths together.
-            order = sorted(
-                range(len(requests)),
-                key=lambda i: (len(requests[i].prompt_ids), requests[i].prompt_ids, len(requests[i].canvas)),
-            )
+            boundaries = self._encode_all([request.prompt for request in requests])
+            reads = [self._plan(request, boundaries[request.prompt_ids]) for request in requests]
+            # Rows sharing a prompt KV adjacent (one shared part), similar own lengths together.
+            order = sorted(range(len(requests)), key=lambda i: reads[i].order_key)
             for start in range(0, len(order), self.max_canvases):
                 chunk = order[start : start + self.max_canvases]
                 batch = [requests[i] for i in chunk]
-                logits = self._slot_logits(batch, [prompts[request.prompt_ids] for request in batch])
+                logits = self._slot_logits(batch, [reads[i] for i in chunk])
                 per_slot = iter(score_slots(logits, [(slot,) for request in batch for slot in request.slots]))
                 for index, request in zip(chunk, batch, strict=True):
                     slots = [next(per_slot) for _ in request.slots]
@@ -126,39 +146,94 @@ class DiffusionGemmaEngine:
                     )
         return [scores[index] for index in range(len(requests))]
 
-    def _encode(self, segments: tuple[Ids, ...]) -> PrefixKV:
-        """The prompt's KV, from the prefix cache or encoded from its longest cached boundary on.
+    def _encode_all(self, prompts: Sequence[tuple[Ids, ...]]) -> dict[Ids, dict[int, PrefixKV]]:
+        """For each distinct prompt, the KV at every boundary this call found cached or encoded.
 
-        Each segment is one encoder forward continuing the cache of the segments before it, and the
-        KV at every boundary is stored.
+        Each prompt resumes from its longest cached boundary; the segments left are encoded in waves,
+        one segment per prompt per wave, the rows of a wave batched by segment length (a boundary
+        prefix two prompts share is encoded once).
         """
-        ids = tuple(token for segment in segments for token in segment)
-        ends = sorted({sum(len(segment) for segment in segments[: k + 1]) for k in range(len(segments))} - {0})
-        start, kv = 0, None
-        for end in reversed(ends):
-            if (kv := self.prefix_cache.get(ids[:end])) is not None:
-                start = end
-                break
+        found: dict[Ids, dict[int, PrefixKV]] = {}
+        todo: dict[Ids, list[int]] = {}  # prompt -> boundary ends still to encode, in order
+        for segments in prompts:
+            ids = tuple(token for segment in segments for token in segment)
+            if ids in found:
+                continue
+            ends = sorted({sum(len(s) for s in segments[: k + 1]) for k in range(len(segments))} - {0})
+            found[ids] = {}
+            for position, end in enumerate(reversed(ends)):
+                if (kv := self.prefix_cache.get(ids[:end])) is not None:
+                    found[ids][end] = kv
+                    ends = ends[len(ends) - position :]
+                    break
+            todo[ids] = ends
+        while any(todo.values()):
+            # one row per distinct boundary prefix to encode next, with its parent's length and KV
+            rows: dict[Ids, tuple[int, PrefixKV | None]] = {}
+            for ids, ends in todo.items():
+                if ends:
+                    parent = max(found[ids], default=0)
+                    rows[ids[: ends[0]]] = (parent, found[ids].get(parent))
+            encoded: dict[Ids, PrefixKV] = {}
+            for group in self._encoder_batches(rows):
+                starts = [rows[prefix][0] for prefix in group]
+                parents = [kv for prefix in group if (kv := rows[prefix][1]) is not None]
+                for prefix, kv in zip(group, self._encode_rows(group, starts, parents), strict=True):
+                    self.prefix_cache.put(prefix, kv)
+                    encoded[prefix] = kv
+            for ids, ends in todo.items():
+                if ends:
+                    found[ids][ends[0]] = encoded[ids[: ends[0]]]
+                    ends.pop(0)
+        return found
 
+    def _encoder_batches(self, rows: dict[Ids, tuple[int, PrefixKV | None]]) -> Iterable[list[Ids]]:
+        """Rows that can share one encoder forward: the same new length (so every row's tokens end
+        in the last column, where a sliding layer keeps its window), all with or all without a
+        parent, at most ``max_encode_tokens`` new tokens together."""
+
+        def key(prefix: Ids) -> tuple[int, bool]:
+            return len(prefix) - rows[prefix][0], rows[prefix][1] is None
+
+        for (new, _), run in groupby(sorted(rows, key=key), key=key):
+            group = list(run)
+            size = max(1, self.max_encode_tokens // new)
+            for start in range(0, len(group), size):
+                yield group[start : start + size]
+
+    def _encode_rows(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV]) -> list[PrefixKV]:
+        """Encode ``prefix[start:]`` of each row (one length for all) continuing its parent's KV
+        (``parents`` is empty when every start is 0); returns each whole prefix's KV."""
         device = self._model.device
-        cache = DynamicCache(config=self._config) if kv is None else self._batch_cache([kv], [start])
-        for end in (end for end in ends if end > start):
-            self._encoder(
-                input_ids=torch.tensor([ids[start:end]], device=device),  # (1, S)
-                position_ids=torch.arange(start, end, device=device)[None],  # (1, S)
-                past_key_values=cache,
-                use_cache=True,
+        new = len(prefixes[0]) - starts[0]  # N
+        width = max(starts)  # P: the parents' padded width
+        cache = self._batch_cache(parents, starts) if parents else DynamicCache(config=self._config)
+        mask = [[0] * (width - start) + [1] * (start + new) for start in starts] if parents else None
+        self._encoder(
+            input_ids=torch.tensor(
+                [prefix[start:] for prefix, start in zip(prefixes, starts, strict=True)], device=device
+            ),
+            position_ids=torch.tensor([list(range(start, start + new)) for start in starts], device=device),
+            attention_mask=None if mask is None else torch.tensor(mask, device=device),  # (B, P + N)
+            past_key_values=cache,
+            use_cache=True,
+        )
+        layers = list(cache)  # per layer: keys, values (B, kvh, T_l, hd), sliding window or None
+        kvs = []
+        for row, start in enumerate(starts):
+            # the row's tokens are the last start + N columns (or all T_l a sliding layer holds);
+            # copy so the entry owns its bytes instead of viewing the batch
+            kvs.append(
+                PrefixKV(
+                    keys=tuple(
+                        k[row : row + 1, :, max(0, k.shape[-2] - start - new) :].contiguous() for k, _, _ in layers
+                    ),
+                    values=tuple(
+                        v[row : row + 1, :, max(0, v.shape[-2] - start - new) :].contiguous() for _, v, _ in layers
+                    ),
+                )
             )
-            # A sliding layer holds a view of its last W - 1 tokens: copy it so the entry owns its bytes.
-            layers = list(cache)  # per layer: keys, values (1, kvh, T_l, hd), sliding window or None
-            kv = PrefixKV(
-                keys=tuple(keys.contiguous() for keys, _, _ in layers),
-                values=tuple(values.contiguous() for _, values, _ in layers),
-            )
-            self.prefix_cache.put(ids[:end], kv)
-            start = end
-        assert kv is not None, "a read's prompt is never empty"
-        return kv
+        return kvs
 
     def _batch_cache(self, prompts: Sequence[PrefixKV], lengths: Sequence[int]) -> DynamicCache:
         """A decoder cache holding row r's prompt KV (``lengths[r]`` tokens), left-padded with zeros.
@@ -182,14 +257,25 @@ class DiffusionGemmaEngine:
             cache.layers.append(layer)
         return cache
 
-    def _slot_logits(self, batch: list[ReadRequest], prompts: list[PrefixKV]) -> torch.Tensor:
+    def _plan(self, request: ReadRequest, boundaries: dict[int, PrefixKV]) -> _Read:
+        """Split the request's prompt into the shared part (the shortest available boundary of at
+        least ``shared_min`` tokens, so a schema cached once is read in place by every state after
+        it) and its own tokens after that boundary."""
+        length = len(request.prompt_ids)
+        split = min((end for end in boundaries if end >= min(length, self.shared_min)), default=length)
+        shared, full = boundaries[split], boundaries[length]
+        window = self._config.sliding_window - 1  # prompt tokens a sliding layer holds and reads
+        # a sliding layer reads prompt positions [length - window, length); the shared KV holds
+        # positions [split - held, split), so the read starts `skip` tokens into it
+        skip = max(0, (length - window) - (split - min(split, window)))
+        return _Read(shared, full, split, length, skip, (id(shared), skip, length - split, request.prompt_ids))
+
+    def _slot_logits(self, batch: list[ReadRequest], reads: list[_Read]) -> torch.Tensor:
         """Float32 logits (S, V) at every slot of ``batch``, in request then slot order."""
         device = self._model.device
-        lengths = [len(request.prompt_ids) for request in batch]
-        width = max(lengths)  # P: the padded prompt width
         columns = max(len(request.canvas) for request in batch)  # C: the padded canvas width
-        canvases, positions, masks = [], [], []
-        for request, length in zip(batch, lengths, strict=True):
+        canvases, positions, canvas_bias = [], [], []
+        for request, read in zip(batch, reads, strict=True):
             noised = (
                 request.canvas
                 if request.seed is None
@@ -197,21 +283,72 @@ class DiffusionGemmaEngine:
             )
             fill = columns - len(noised)
             canvases.append([*noised, *[self._pad_id] * fill])
-            positions.append(list(range(length, length + columns)))
-            masks.append([0] * (width - length) + [1] * (length + len(noised)) + [0] * fill)
+            positions.append(list(range(read.length, read.length + columns)))
+            canvas_bias.append([0.0] * len(noised) + [MASKED] * fill)
 
-        hidden = self._decoder(
-            decoder_input_ids=torch.tensor(canvases, device=device),  # (B, C)
-            past_key_values=self._batch_cache(prompts, lengths),  # per layer (B, kvh, P or min(P, W-1), hd)
-            decoder_attention_mask=torch.tensor(masks, device=device),  # (B, P + C)
-            decoder_position_ids=torch.tensor(positions, device=device),  # (B, C)
-        ).last_hidden_state  # (B, C, H)
+        hidden = decode(
+            self._decoder,
+            self._config.layer_types,
+            canvas=torch.tensor(canvases, device=device),  # (B, C)
+            positions=torch.tensor(positions, device=device),  # (B, C)
+            canvas_bias=torch.tensor(canvas_bias, device=device),  # (B, C)
+            shared=self._shared_parts(reads),
+            own=self._own_prompts(reads),
+        )  # (B, C, H)
 
         rows = [r for r, request in enumerate(batch) for _ in request.slots]
         cols = [slot.position for request in batch for slot in request.slots]
         at_slots = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]  # (S, H)
         logits = self._head(at_slots).to(torch.float32)  # (S, V)
         return self._softcap * torch.tanh(logits / self._softcap)
+
+    def _shared_parts(self, reads: list[_Read]) -> list[SharedPart]:
+        """One part per run of rows reading the same shared KV from the same place."""
+        parts = []
+        sliding = [kind == "sliding_attention" for kind in self._config.layer_types]
+        for (_, skip, _), run in groupby(reads, key=lambda read: (id(read.shared), read.skip, read.split)):
+            group = list(run)
+            kv, rows = group[0].shared, len(group)
+            parts.append(
+                SharedPart(
+                    rows=rows,
+                    keys=tuple(k[..., skip if s else 0 :, :] for k, s in zip(kv.keys, sliding, strict=True)),
+                    values=tuple(v[..., skip if s else 0 :, :] for v, s in zip(kv.values, sliding, strict=True)),
+                )
+            )
+        return parts
+
+    def _own_prompts(self, reads: list[_Read]) -> OwnPrompt | None:
+        """Each row's prompt tokens after its shared part, left-padded across the batch (None when
+        every row reads its whole prompt from a shared part)."""
+        if all(read.split == read.length for read in reads):
+            return None
+        keys, values, biases = [], [], []
+        for index in range(len(self._config.layer_types)):
+            # a row's own tokens are the last (length - split) columns of its prompt KV, or all that
+            # a sliding layer holds
+            own = [min(read.length - read.split, read.full.keys[index].shape[-2]) for read in reads]
+            width = max(own)
+            keys.append(
+                _left_padded(
+                    [
+                        read.full.keys[index][..., -o:, :] if o else read.full.keys[index][..., :0, :]
+                        for read, o in zip(reads, own, strict=True)
+                    ],
+                    width,
+                )
+            )
+            values.append(
+                _left_padded(
+                    [
+                        read.full.values[index][..., -o:, :] if o else read.full.values[index][..., :0, :]
+                        for read, o in zip(reads, own, strict=True)
+                    ],
+                    width,
+                )
+            )
+            biases.append(torch.tensor([[MASKED] * (width - o) + [0.0] * o for o in own], device=self._model.device))
+        return OwnPrompt(tuple(keys), tuple(values), tuple(biases))
 
     def _check(self, index: int, request: ReadRequest) -> None:
         """Refuse a request the engine cannot read (a caller's bug, except for its length)."""

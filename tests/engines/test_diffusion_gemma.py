@@ -13,7 +13,7 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma import SHARED_MIN, DiffusionGemmaEngine
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.errors import PromptTooLong
@@ -74,11 +74,16 @@ def test_tiny_model_keeps_the_real_layer_mix(model: DiffusionGemmaForBlockDiffus
     assert model.lm_head.weight.shape == (VOCAB, config.hidden_size)
 
 
-def test_slot_logits_match_the_library_forward(model: DiffusionGemmaForBlockDiffusion, ids: Draw) -> None:
+# shared_min=1 splits every multi-segment prompt after its first segment: the rest is read per row
+@pytest.mark.parametrize("shared_min", [SHARED_MIN, 1])
+def test_slot_logits_match_the_library_forward(
+    model: DiffusionGemmaForBlockDiffusion, ids: Draw, shared_min: int
+) -> None:
     requests = [
         make_request(ids, (5,), canvas=6, positions=(0, 3, 5), seed=1),
         make_request(ids, (12, 20, 8), canvas=9, positions=(2, 8), seed=2),  # 40 tokens: past the window
         make_request(ids, (23,), canvas=4, positions=(1,), seed=3),
+        make_request(ids, (30, 6), canvas=4, positions=(2,), seed=4),  # the window starts inside segment 1
     ]
     # Let the first slot's labels include the library's argmax, so argmax_is_label is checked both ways.
     first = requests[0]
@@ -86,7 +91,7 @@ def test_slot_logits_match_the_library_forward(model: DiffusionGemmaForBlockDiff
     slots = (Slot(0, (ids(1)[0], top)), *first.slots[1:])
     requests[0] = ReadRequest(first.prompt, first.canvas, slots, first.seed)
 
-    results = DiffusionGemmaEngine(model).read(requests)
+    results = DiffusionGemmaEngine(model, shared_min=shared_min).read(requests)
 
     worst_logit, worst_mass = 0.0, 0.0
     for request, result in zip(requests, results, strict=True):
@@ -106,9 +111,9 @@ def test_slot_logits_match_the_library_forward(model: DiffusionGemmaForBlockDiff
     assert worst_mass <= 1e-4
 
 
-@pytest.mark.parametrize("max_canvases", [64, 3])
+@pytest.mark.parametrize(("max_canvases", "shared_min"), [(64, SHARED_MIN), (3, SHARED_MIN), (64, 1)])
 def test_a_read_is_the_same_alone_and_in_a_padded_batch(
-    model: DiffusionGemmaForBlockDiffusion, ids: Draw, max_canvases: int
+    model: DiffusionGemmaForBlockDiffusion, ids: Draw, max_canvases: int, shared_min: int
 ) -> None:
     long = make_request(ids, (30, 10), canvas=7, positions=(0, 6), seed=5)  # 40 > WINDOW prompt tokens
     short = make_request(ids, (3,), canvas=2, positions=(1,), seed=6)
@@ -116,9 +121,11 @@ def test_a_read_is_the_same_alone_and_in_a_padded_batch(
         make_request(ids, (12,), canvas=10, positions=(4,), seed=7),
         make_request(ids, (17, 9), canvas=3, positions=(0, 1, 2), seed=8),
         make_request(ids, (6,), canvas=5, positions=(2,), seed=9),
+        # its second segment is as long as `long`'s: encoded in one batch after parents of other lengths
+        make_request(ids, (12, 10), canvas=4, positions=(3,), seed=10),
     ]
-    batch = [others[0], long, others[1], short, others[2]]
-    in_batch = DiffusionGemmaEngine(model, max_canvases=max_canvases).read(batch)
+    batch = [others[0], long, others[1], short, others[2], others[3]]
+    in_batch = DiffusionGemmaEngine(model, max_canvases=max_canvases, shared_min=shared_min).read(batch)
     for request, result in zip(batch, in_batch, strict=True):
         alone = DiffusionGemmaEngine(model).read([request])[0]
         difference = max_difference(alone, result)

@@ -1,0 +1,82 @@
+"""Attention in parts: each part returns its log-sum-exp, so parts over disjoint keys merge exactly.
+
+A canvas attends to its prompt's KV and to itself. When many canvases continue one cached prompt,
+attending to that prompt once for all of their queries (one batch-1 call) and to each canvas's own
+keys separately, then merging, gives the same result as attending to ``prompt + canvas`` per row,
+without copying the prompt's KV into every row (what ``torch.cat`` in the library's decoder does).
+
+Grouped-query attention: ``H`` query heads share ``kvh`` key/value heads in contiguous groups of
+``g = H // kvh`` (head ``h`` reads kv head ``h // g``), so a (B, H, L, d) query viewed as
+(B, kvh, g * L, d) attends to (B, kvh, S, d) keys as plain multi-head attention, without repeating
+the keys.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Large negative bias for masked keys: finite, so a row whose keys are all masked in one part gives
+#: an LSE near -1e30 and weight 0 in the merge instead of NaN.
+MASKED = -1e30
+
+
+def attend(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with scale 1 (Gemma-4 normalises q and k instead).
+
+    query (B, kvh, Q, d), keys/values (B, kvh, S, d), bias (B, 1, 1, S) or (B, 1, Q, S) float with
+    0 for visible keys and ``MASKED`` for hidden ones, or None. Returns the output (B, kvh, Q, d) in
+    the query's dtype and the log-sum-exp (B, kvh, Q) in float32.
+    """
+    if keys.shape[-2] == 0:  # nothing to attend to: weight 0 in the merge
+        return query.new_zeros((*query.shape[:-1], values.shape[-1])), query.new_full(
+            query.shape[:-1], MASKED, dtype=torch.float32
+        )
+    if query.is_cuda and _fused_ok(query.shape[-1]):
+        fused_bias = None if bias is None else _aligned(bias, query.dtype).expand(-1, keys.shape[1], query.shape[2], -1)
+        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, keys, values, fused_bias, True, 0.0, False, scale=1.0
+        )
+        return out, lse[..., : query.shape[2]]
+    scores = torch.matmul(query.float(), keys.float().transpose(-1, -2))  # (B, kvh, Q, S)
+    if bias is not None:
+        scores = scores + bias.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.exp(scores - lse[..., None]), values.float())
+    return out.to(query.dtype), lse
+
+
+def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The attention over the union of the parts' keys, from each part's (output, lse)."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lses = torch.stack([lse for _, lse in parts])  # (n, ..., Q)
+    weights = torch.softmax(lses, dim=0)[..., None]  # each part's share of the total softmax mass
+    merged = sum(w * out.float() for w, (out, _) in zip(weights, parts, strict=True))
+    assert isinstance(merged, torch.Tensor)
+    return merged.to(parts[0][0].dtype)
+
+
+_FUSED_HEAD_DIMS: dict[int, bool] = {}
+
+
+def _fused_ok(head_dim: int) -> bool:
+    """Whether the fused memory-efficient kernel runs this head size here (probed once per size)."""
+    if head_dim not in _FUSED_HEAD_DIMS:
+        probe = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+        try:
+            torch.ops.aten._scaled_dot_product_efficient_attention(probe, probe, probe, None, True, 0.0, False)
+            _FUSED_HEAD_DIMS[head_dim] = True
+        except RuntimeError:
+            _FUSED_HEAD_DIMS[head_dim] = False
+    return _FUSED_HEAD_DIMS[head_dim]
+
+
+def _aligned(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``bias`` in ``dtype`` with its last dimension's storage padded to a multiple of 16 elements,
+    as the fused kernel requires (the view keeps the original length)."""
+    length = bias.shape[-1]
+    padded = bias.new_zeros((*bias.shape[:-1], -(-length // 16) * 16), dtype=dtype)
+    padded[..., :length] = bias
+    return padded[..., :length]
