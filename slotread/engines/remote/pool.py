@@ -204,7 +204,10 @@ class ReplicaPool:
     def stats(self) -> list[ReplicaStats]:
         """Every replica's state now."""
         with self._lock:
-            return [ReplicaStats(r.url, r.up, r.outstanding, dict(r.outcomes)) for r in self.replicas]
+            return [
+                ReplicaStats(replica.url, replica.up, replica.outstanding, dict(replica.outcomes))
+                for replica in self.replicas
+            ]
 
     def check(self) -> None:
         """One health check of every replica: take failing ones out, admit passing ones back."""

@@ -26,7 +26,8 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     """200 once the model is loaded; 503 with the reason before (or if loading failed). A gateway lists
     its upstream replicas, each "up" or "down", and is ready while one is up."""
     remote = service.upstreams
-    replicas = {"upstreams": {r.url: "up" if r.up else "down" for r in remote.pool.stats()}} if remote else {}
+    states = {replica.url: "up" if replica.up else "down" for replica in remote.pool.stats()} if remote else {}
+    replicas = {"upstreams": states} if remote else {}
     if service.ready:
         return JSONResponse({"status": "ready", "model": service.ready_decider().name, **replicas})
     return JSONResponse({"status": "not_ready", "reason": service.unready_reason, **replicas}, status_code=503)
