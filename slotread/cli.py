@@ -83,6 +83,9 @@ def _serve(args: argparse.Namespace) -> int:
         "max_samples": args.max_samples,
         "max_options": args.max_options,
         "max_prompt_tokens": args.max_prompt_tokens,
+        "upstreams": args.upstream,
+        "upstream_timeout_s": args.upstream_timeout,
+        "health_interval_s": args.health_interval,
     }
     try:
         settings = Settings(**{name: value for name, value in flags.items() if value is not None})
@@ -95,6 +98,9 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             return Decider(
                 settings.model,
+                upstreams=settings.upstreams,
+                upstream_timeout_s=settings.upstream_timeout_s,
+                health_interval_s=settings.health_interval_s,
                 cache_dir=settings.cache_dir,
                 max_questions=settings.max_questions,
                 max_samples=settings.max_samples,
@@ -120,8 +126,9 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.request_deadline_s) + 30,
     )
     server = uvicorn.Server(config)
+    via = f" through {len(settings.upstreams)} upstreams" if settings.upstreams else ""
     print(
-        f"slotread: serving {settings.model} on http://{settings.host}:{settings.port} "
+        f"slotread: serving {settings.model}{via} on http://{settings.host}:{settings.port} "
         "(GET /readyz answers 200 once the model is loaded)",
         file=sys.stderr,
     )
@@ -208,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-concurrency",
         type=int,
         default=None,
-        help="decisions that run at once, their reads batched together (default 1)",
+        help="decisions that run at once, their reads batched together (default 1; 16 with --upstream)",
     )
     serve.add_argument(
         "--request-deadline",
@@ -222,6 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-options", type=int, default=None, help="options per choice question (default 255)")
     serve.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="tokens of one read (default: the model's limit)"
+    )
+    serve.add_argument(
+        "--upstream",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="base URL of a slotread engine or vLLM server of --model (repeat for replicas): the server then "
+        "loads only the tokenizer and sends reads there",
+    )
+    serve.add_argument(
+        "--upstream-timeout", type=float, default=None, help="seconds a read may take upstream, retries included (5)"
+    )
+    serve.add_argument(
+        "--health-interval", type=float, default=None, help="seconds between health checks of each upstream (2)"
     )
     serve.set_defaults(run=_serve)
 

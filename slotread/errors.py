@@ -12,8 +12,11 @@
     ├── AuthenticationFailed       the server checks API keys and the request has none or a wrong one (401)
     ├── Overloaded                 no decision slot is free and none frees up in time (529, retry-after)
     ├── NotReady                   the model is still loading, or failed to load (503)
-    └── WireError                  a vLLM-style completions body breaks the engine wire contract
-                                   (``engines/remote/wire.py``); ``param`` names the field (400)
+    ├── WireError                  a vLLM-style completions body breaks the engine wire contract
+    │                              (``engines/remote/wire.py``); ``param`` names the field (400)
+    ├── UpstreamUnavailable        no remote replica could take a read: all down, busy or too slow (503, retry-after)
+    └── UpstreamError              a remote replica refused a read or answered it malformed: the gateway and
+                                   the replica disagree on the wire, not the caller's fault (502)
 
 Only the edges (cli, the server) turn these into exit codes or status codes.
 """
@@ -118,3 +121,19 @@ class WireError(SlotreadError):
         self.message = message
         self.param = param
         super().__init__(message)
+
+
+class UpstreamUnavailable(SlotreadError):
+    """No remote replica could take a read in time; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class UpstreamError(SlotreadError):
+    """A remote replica refused a read (4xx, 5xx) or answered one malformed; the message says which and why.
+
+    A read the gateway built from a valid request should never be refused, so this is not retried on
+    another replica: it would be refused there too.
+    """

@@ -20,8 +20,9 @@ ALLOWED = {
 }
 
 #: third-party packages the model-side layers may import: they run without the server's dependencies
+#: (httpx: the remote engine's client)
 MODEL_SIDE = {"core", "prompt", "engines"}
-MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers"}
+MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers", "httpx"}
 
 
 def slotread_imports(path: Path) -> set[str]:
