@@ -40,6 +40,7 @@ from slotread.engines.base import ReadRequest, Slot
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
+from slotread.models.tiny import TINY_VISION
 
 #: The 26B-A4B text shape (Gemma-4 26B-A4B): 25.2B parameters, 3.8B active per token.
 SHAPE = {
@@ -58,17 +59,6 @@ SHAPE = {
     "max_position_embeddings": 131072,
     "final_logit_softcapping": 30.0,
     "vocab_size": 262144,
-}
-TINY_VISION = {
-    "hidden_size": 16,
-    "intermediate_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "patch_size": 4,
-    "position_embedding_size": 64,
-    "pooling_kernel_size": 2,
 }
 VOCAB = SHAPE["vocab_size"]
 
