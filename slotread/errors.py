@@ -15,8 +15,10 @@
     ├── WireError                  a vLLM-style completions body breaks the engine wire contract
     │                              (``engines/remote/wire.py``); ``param`` names the field (400)
     ├── UpstreamUnavailable        no remote replica could take a read: all down, busy or too slow (503, retry-after)
-    └── UpstreamError              a remote replica refused a read or answered it malformed: the gateway and
-                                   the replica disagree on the wire, not the caller's fault (502)
+    ├── UpstreamError              a remote replica refused a read or answered it malformed: the gateway and
+    │                              the replica disagree on the wire, not the caller's fault (502)
+    └── EvalError                  an evaluation cannot run: a dataset that is missing or malformed
+                                   (says where it looked), or a run folder holding another run
 
 Only the edges (cli, the server) turn these into exit codes or status codes.
 """
@@ -137,3 +139,7 @@ class UpstreamError(SlotreadError):
     A read the gateway built from a valid request should never be refused, so this is not retried on
     another replica: it would be refused there too.
     """
+
+
+class EvalError(SlotreadError):
+    """An evaluation cannot run; the message says what is missing or wrong, and where."""
