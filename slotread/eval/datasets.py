@@ -160,17 +160,22 @@ def _gold(path: Path, line: int, label: str, classes: tuple[str, ...]) -> int:
     return classes.index(label)
 
 
+def _csv_items(path: Path, label: str, classes: tuple[str, ...], id_field: str | None = None) -> list[Item]:
+    """Items from a CSV with a ``text`` column and a label column; ids are row numbers or ``id_field``."""
+    items = []
+    for index, (line, row) in enumerate(_csv_rows(path)):
+        item_id = _field(path, line, row, id_field) if id_field else str(index)
+        gold = _gold(path, line, _field(path, line, row, label), classes)
+        items.append(Item(item_id, _field(path, line, row, "text"), gold))
+    return items
+
+
 def _banking77(folder: Path, split: str) -> tuple[Task, list[Item]]:
     categories = json.loads((folder / "categories.json").read_text(encoding="utf-8"))
     task = Task("choice", _choice_task(categories, BANKING77_QUESTION), tuple(categories))
-    path = folder / f"{split}.csv"
-    items = []
-    for index, (line, row) in enumerate(_csv_rows(path)):
-        # subset154.csv names each row by its row in test.csv, so its items pair with a test run's
-        item_id = row.get("test_index") or str(index)
-        gold = _gold(path, line, _field(path, line, row, "category"), task.classes)
-        items.append(Item(item_id, _field(path, line, row, "text"), gold))
-    return task, items
+    # subset154.csv names each row by its row in test.csv, so its items pair with a test run's
+    id_field = "test_index" if split == "subset154" else None
+    return task, _csv_items(folder / f"{split}.csv", "category", task.classes, id_field)
 
 
 def _clinc150(folder: Path, split: str) -> tuple[Task, list[Item]]:
@@ -180,31 +185,13 @@ def _clinc150(folder: Path, split: str) -> tuple[Task, list[Item]]:
     question = _choice_task(intents, CLINC150_QUESTION)
     question["criteria"][name] = description
     task = Task("choice", question, (*intents, "oos"), positive="oos")
-    path = folder / f"{split}.csv"
-    items = [
-        Item(
-            str(index),
-            _field(path, line, row, "text"),
-            _gold(path, line, _field(path, line, row, "label"), task.classes),
-        )
-        for index, (line, row) in enumerate(_csv_rows(path))
-    ]
-    return task, items
+    return task, _csv_items(folder / f"{split}.csv", "label", task.classes)
 
 
 def _sst5(folder: Path, split: str) -> tuple[Task, list[Item]]:
     question = {"type": "score", "instructions": SST5_QUESTION, "criteria": list(SST5_LEVELS)}
     task = Task("score", question, tuple(str(i) for i in range(len(SST5_LEVELS))))
-    path = folder / f"{split}.csv"
-    items = [
-        Item(
-            str(index),
-            _field(path, line, row, "text"),
-            _gold(path, line, _field(path, line, row, "label"), task.classes),
-        )
-        for index, (line, row) in enumerate(_csv_rows(path))
-    ]
-    return task, items
+    return task, _csv_items(folder / f"{split}.csv", "label", task.classes)
 
 
 def _boolq(folder: Path, split: str) -> tuple[Task, list[Item]]:
