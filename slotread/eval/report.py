@@ -17,6 +17,8 @@ from slotread.errors import EvalError
 from slotread.eval.metrics import ECE_BINS, expected_calibration_error, mcnemar_exact, reliability_bins, summarise
 from slotread.eval.predictions import Predictions, read_predictions
 
+RUN_INFO = "run.json"
+PREDICTIONS = "predictions.csv"
 METRICS = "metrics.json"
 RELIABILITY = "reliability.png"
 
@@ -44,10 +46,10 @@ COLUMNS = {
 def load_run(out: Path) -> tuple[dict[str, Any], Predictions]:
     """A run folder's run.json and predictions."""
     try:
-        info = json.loads((out / "run.json").read_text(encoding="utf-8"))
+        info = json.loads((out / RUN_INFO).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise EvalError(f"{out} is not a run folder (no run.json)") from None
-    return info, read_predictions(out / "predictions.csv")
+        raise EvalError(f"{out} is not a run folder (no {RUN_INFO})") from None
+    return info, read_predictions(out / PREDICTIONS)
 
 
 def read_metrics(out: Path) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from slotread.api.systemone import parse_request, to_decision
 from slotread.errors import EvalError
 from slotread.eval.datasets import Dataset, Item, Task
 from slotread.eval.predictions import Prediction, PredictionsFile
-from slotread.eval.report import write_report
+from slotread.eval.report import PREDICTIONS, RUN_INFO, write_report
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
@@ -37,8 +37,6 @@ Predictor = Callable[[Item], Prediction]
 
 #: The question's id in every request: caller data, it never reaches the model.
 QUESTION_ID = "answer"
-RUN_INFO = "run.json"
-PREDICTIONS = "predictions.csv"
 
 
 def build_request(task: Task, item: Item, request_fields: dict[str, Any]) -> dict[str, Any]:
