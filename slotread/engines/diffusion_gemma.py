@@ -92,8 +92,8 @@ class DiffusionGemmaEngine:
     decoded alone against its whole prompt, so each read runs the same shapes whatever else is
     asked. It costs the batching (bench/gpu_reads.py measures how much).
 
-    ``cuda_graphs`` (on a GPU): decoder steps whose canvases all read one cached prompt replay
-    captured CUDA graphs (``engines/decoder_graphs.py``) instead of launching each kernel.
+    ``cuda_graphs`` (on a GPU, in bfloat16): decoder steps whose canvases all read one cached prompt
+    replay captured CUDA graphs (``engines/decoder_graphs.py``) instead of launching each kernel.
     """
 
     family: Family = "diffusion"
@@ -123,7 +123,8 @@ class DiffusionGemmaEngine:
         self._encoder = model.model.encoder.language_model
         self._decoder = model.model.decoder
         self._head = model.lm_head
-        use_graphs = cuda_graphs and model.device.type == "cuda"
+        # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
+        use_graphs = cuda_graphs and model.device.type == "cuda" and model.dtype == torch.bfloat16
         self._graphs = DecoderGraphs(self._decoder, self._config.layer_types) if use_graphs else None
         self._softcap = float(self._config.final_logit_softcapping)
         self._vocab = int(self._config.vocab_size)
