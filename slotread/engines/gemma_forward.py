@@ -152,8 +152,8 @@ def _shared_attention(
         if window is not None:
             held = keys.shape[-2]
             token = torch.arange(queries, device=grouped.device) % new  # t of each grouped query
-            hidden = torch.arange(held, device=grouped.device)[None, :] <= token[:, None] + held - window
-            bias = torch.where(hidden, MASKED, 0.0).to(grouped.dtype).repeat(part.rows, 1)[None, None]
+            outside = torch.arange(held, device=grouped.device)[None, :] <= token[:, None] + held - window
+            bias = torch.where(outside, MASKED, 0.0).to(grouped.dtype).repeat(part.rows, 1)[None, None]
         # the part's rows' queries as one batch-1 sequence: (1, kvh, rows * g * L, d)
         batched = grouped[row : row + part.rows].transpose(0, 1).reshape(1, kv_heads, -1, dim)
         out, lse = attend(batched, keys, values, bias)
