@@ -118,6 +118,9 @@ def _serve(args: argparse.Namespace) -> int:
         "max_options": args.max_options,
         "max_prompt_tokens": args.max_prompt_tokens,
         "calibration_dir": args.calibration,
+        "upstreams": args.upstream,
+        "upstream_timeout_s": args.upstream_timeout,
+        "health_interval_s": args.health_interval,
     }
     try:
         settings = Settings(**{name: value for name, value in flags.items() if value is not None})
@@ -130,6 +133,9 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             return Decider(
                 settings.model,
+                upstreams=settings.upstreams,
+                upstream_timeout_s=settings.upstream_timeout_s,
+                health_interval_s=settings.health_interval_s,
                 cache_dir=settings.cache_dir,
                 max_questions=settings.max_questions,
                 max_samples=settings.max_samples,
@@ -157,8 +163,9 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.request_deadline_s) + 30,
     )
     server = uvicorn.Server(config)
+    via = f" through {len(settings.upstreams)} upstreams" if settings.upstreams else ""
     print(
-        f"slotread: serving {settings.model} on http://{settings.host}:{settings.port} "
+        f"slotread: serving {settings.model}{via} on http://{settings.host}:{settings.port} "
         "(GET /readyz answers 200 once the model is loaded)",
         file=sys.stderr,
     )
@@ -201,6 +208,124 @@ def _engine(args: argparse.Namespace) -> int:
         )
         uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _request_field(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=json, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{key}: the value is not JSON ({exc.msg})") from None
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from slotread.eval.datasets import load_dataset, subset
+    from slotread.eval.report import format_table
+
+    if args.dataset is None or args.out is None:
+        print("slotread eval: --dataset and --out are required", file=sys.stderr)
+        return 1
+    dataset = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
+    dataset = subset(dataset, args.limit, args.sample_seed)
+    try:
+        if args.baseline:
+            from slotread.eval.baseline import evaluate_baseline
+
+            # a built-in set trains on its train split, a labelled file on the --train file
+            train_split = "train" if args.train is None else None
+            train = load_dataset(
+                args.train or args.dataset, train_split, data_dir=args.data_dir, question=args.question
+            )
+            metrics = evaluate_baseline(dataset, train, args.out, progress=not args.no_progress)
+        else:
+            from slotread.eval.runner import evaluate_model
+
+            metrics = evaluate_model(
+                dataset,
+                args.out,
+                args.model,
+                seed=args.seed,
+                request_fields=dict(args.request_field),
+                cache_dir=args.cache_dir,
+                device=args.device,
+                dtype=args.dtype,
+                progress=not args.no_progress,
+            )
+    except KeyboardInterrupt:
+        print(f"\nslotread eval: interrupted; run the same command again to resume {args.out}", file=sys.stderr)
+        return 130
+    print(format_table([metrics]))
+    print(f"wrote {args.out}/metrics.json, predictions.csv and reliability.png")
+    return 0
+
+
+def _eval_compare(args: argparse.Namespace) -> int:
+    from slotread.eval.report import compare, format_comparison
+
+    print(format_comparison(compare(args.run_a, args.run_b)))
+    return 0
+
+
+def _eval_table(args: argparse.Namespace) -> int:
+    from slotread.eval.report import format_table, read_metrics
+
+    print(format_table([read_metrics(run) for run in args.runs]))
+    return 0
+
+
+def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    evaluate = commands.add_parser(
+        "eval",
+        help="measure a model (or the TF-IDF baseline) on a labelled dataset; compare runs",
+        description="slotread eval --dataset NAME --out DIR [--model M | --baseline tfidf]; "
+        "slotread eval compare RUN_A RUN_B; slotread eval table RUN...",
+    )
+    system = evaluate.add_mutually_exclusive_group()
+    system.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
+    )
+    system.add_argument("--baseline", choices=["tfidf"], help="run the TF-IDF + logistic regression baseline instead")
+    evaluate.add_argument("--dataset", help="banking77, clinc150, sst5, boolq, or a labelled .jsonl/.csv file")
+    evaluate.add_argument("--split", help="split of a built-in dataset (default: test; boolq: dev)")
+    evaluate.add_argument(
+        "--question", type=Path, help="question file (a System One question object) for a labelled file"
+    )
+    evaluate.add_argument(
+        "--train", help="train file for the baseline on a labelled file (built-ins use their train split)"
+    )
+    evaluate.add_argument(
+        "--data-dir", type=Path, help="folder of the built-in datasets (default: $SLOTREAD_DATA, else ../shared/data)"
+    )
+    evaluate.add_argument("--limit", type=int, help="evaluate a seeded random sample of this many items")
+    evaluate.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    evaluate.add_argument("--seed", type=int, default=0, help="x_seed of every request (default 0)")
+    evaluate.add_argument(
+        "--request-field",
+        type=_request_field,
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="an extra request field, e.g. x_samples=4 or x_calibration=true; repeatable",
+    )
+    evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
+    evaluate.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
+    )
+    evaluate.add_argument(
+        "--out", type=Path, help="run folder: run.json, predictions.csv, metrics.json, reliability.png"
+    )
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    evaluate.set_defaults(run=_eval)
+    runs = evaluate.add_subparsers(dest="eval_command")
+    comparing = runs.add_parser("compare", help="paired accuracy of two runs and an exact McNemar test")
+    comparing.add_argument("run_a", type=Path, help="run folder A")
+    comparing.add_argument("run_b", type=Path, help="run folder B")
+    comparing.set_defaults(run=_eval_compare)
+    table = runs.add_parser("table", help="print finished runs' metrics as one Markdown table")
+    table.add_argument("runs", type=Path, nargs="+", help="run folders")
+    table.set_defaults(run=_eval_table)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-concurrency",
         type=int,
         default=None,
-        help="decisions that run at once, their reads batched together (default 1)",
+        help="decisions that run at once, their reads batched together (default 1; 16 with --upstream)",
     )
     serve.add_argument(
         "--request-deadline",
@@ -269,6 +394,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="directory of calibration artifacts (slotread calibrate --out); content-free reads are saved there",
+    )
+    serve.add_argument(
+        "--upstream",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="base URL of a slotread engine or vLLM server of --model (repeat for replicas): the server then "
+        "loads only the tokenizer and sends reads there",
+    )
+    serve.add_argument(
+        "--upstream-timeout", type=float, default=None, help="seconds a read may take upstream, retries included (5)"
+    )
+    serve.add_argument(
+        "--health-interval", type=float, default=None, help="seconds between health checks of each upstream (2)"
     )
     serve.set_defaults(run=_serve)
 
@@ -320,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--out", required=True, help="directory to write the checkpoint to")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tiny.set_defaults(run=_models_tiny)
+    _add_eval(commands)
     return parser
 
 

@@ -1,12 +1,14 @@
 """The Python entry point: ``Decider(model=...).decide(request) -> response``.
 
 Wires the parts: a model from ``slotread.models``, the engine for its family, the renderer for its
-tokenizer, and the System One wire format on both ends.
+tokenizer, and the System One wire format on both ends. With ``upstreams`` the engine is remote: the
+Decider loads only the tokenizer, renders the reads itself, and sends them to replicas of the model.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
-from slotread.errors import ModelLoadError, UnknownModel
-from slotread.models.load import LoadedModel, load_model
+from slotread.engines.remote.engine import RemoteEngine
+from slotread.errors import CalibrationError, ModelLoadError, UnknownModel
+from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
@@ -54,6 +57,11 @@ class Decider:
     (bench/cpu_decide.py). Loading fails with ModelLoadError naming the model and the reason,
     including a tokenizer that cannot provide the single-token labels slotread reads.
 
+    ``upstreams``: base URLs of ``slotread engine`` or vLLM servers serving ``model`` (by that name).
+    Only the tokenizer is loaded (``device`` and ``dtype`` are the servers' business) and reads go to
+    the replicas (``RemoteEngine``: a read may take ``upstream_timeout_s``, replicas are checked every
+    ``health_interval_s``); ``close`` stops the health checks.
+
     ``calibration_dir`` holds calibration artifacts (``slotread calibrate``); those of this model are
     loaded (CalibrationError if one is unreadable), and content-free distributions read while
     answering ``x_calibration: contextual`` are written back to it.
@@ -63,6 +71,9 @@ class Decider:
         self,
         model: str | LoadedModel = DEFAULT_MODEL,
         *,
+        upstreams: Sequence[str] = (),
+        upstream_timeout_s: float = 5.0,
+        health_interval_s: float = 2.0,
         cache_dir: Path | None = None,
         device: str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
@@ -73,29 +84,56 @@ class Decider:
         max_prompt_tokens: int | None = None,
         calibration_dir: Path | None = None,
     ) -> None:
-        loaded = (
-            model
-            if isinstance(model, LoadedModel)
-            else load_model(model, cache_dir=cache_dir, device=device, dtype=dtype)
-        )
-        self.name = loaded.name
-        self.engine = make_engine(loaded)
+        if upstreams:
+            if isinstance(model, LoadedModel):
+                raise TypeError("a Decider with upstreams takes the model by name: it loads no weights")
+            spec = load_tokenizer(model, cache_dir=cache_dir)
+            if spec.family == "masked":  # vLLM's API has no mask-token read
+                raise ModelLoadError(spec.name, "masked models are read in process, not through --upstream")
+            self.name, tokenizer = spec.name, spec.tokenizer
+            self.engine: Engine = RemoteEngine(
+                upstreams,
+                model=spec.name,
+                family=spec.family,
+                vocab_size=spec.vocab_size,
+                timeout_s=upstream_timeout_s,
+                health_interval_s=health_interval_s,
+            )
+        else:
+            loaded = (
+                model
+                if isinstance(model, LoadedModel)
+                else load_model(model, cache_dir=cache_dir, device=device, dtype=dtype)
+            )
+            self.name, tokenizer = loaded.name, loaded.tokenizer
+            self.engine = make_engine(loaded)
         try:
-            self.renderer = Renderer(loaded.tokenizer, self.engine.family)
+            self.renderer = Renderer(tokenizer, self.engine.family)
         except ValueError as exc:
-            raise ModelLoadError(loaded.name, str(exc)) from exc
+            self.close()
+            raise ModelLoadError(self.name, str(exc)) from exc
         self.max_questions = max_questions
         self.max_samples = max_samples
         self.max_options = max_options
         self.max_permutations = max_permutations
         self.max_prompt_tokens = max_prompt_tokens
-        self.calibrations = CalibrationStore(self.name, calibration_dir)
+        try:
+            self.calibrations = CalibrationStore(self.name, calibration_dir)
+        except CalibrationError:
+            self.close()
+            raise
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
+
+    def close(self) -> None:
+        """Release what the engine holds beyond memory: a remote engine's health checks and connections."""
+        if isinstance(self.engine, RemoteEngine):
+            self.engine.close()
 
     def decide(self, request: dict[str, Any]) -> dict[str, Any]:
         """Answer a System One request body; returns the response body.
 
-        Raises InvalidRequest (with FastAPI-style ``detail``), UnknownModel or PromptTooLong.
+        Raises InvalidRequest (with FastAPI-style ``detail``), UnknownModel or PromptTooLong; with
+        upstreams also UpstreamUnavailable or UpstreamError.
         """
         wire, result = self._answer(request)
         return systemone.to_response(result, wire, self.name)

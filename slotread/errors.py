@@ -12,10 +12,15 @@
     ├── AuthenticationFailed       the server checks API keys and the request has none or a wrong one (401)
     ├── Overloaded                 no decision slot is free and none frees up in time (529, retry-after)
     ├── NotReady                   the model is still loading, or failed to load (503)
-    ├── CalibrationError           a calibration artifact cannot be read, or two claim one question;
+    ├── WireError                  a vLLM-style completions body breaks the engine wire contract
+    │                              (``engines/remote/wire.py``); ``param`` names the field (400)
+    ├── UpstreamUnavailable        no remote replica could take a read: all down, busy or too slow (503, retry-after)
+    ├── UpstreamError              a remote replica refused a read or answered it malformed: the gateway and
+    │                              the replica disagree on the wire, not the caller's fault (502)
+    ├── EvalError                  an evaluation cannot run: a dataset that is missing or malformed
+    │                              (says where it looked), or a run folder holding another run
+    └── CalibrationError           a calibration artifact cannot be read, or two claim one question;
                                    says which file and why (the server refuses to start)
-    └── WireError                  a vLLM-style completions body breaks the engine wire contract
-                                   (``engines/remote/wire.py``); ``param`` names the field (400)
 
 Only the edges (cli, the server) turn these into exit codes or status codes.
 """
@@ -120,6 +125,26 @@ class WireError(SlotreadError):
         self.message = message
         self.param = param
         super().__init__(message)
+
+
+class UpstreamUnavailable(SlotreadError):
+    """No remote replica could take a read in time; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class UpstreamError(SlotreadError):
+    """A remote replica refused a read (4xx, 5xx) or answered one malformed; the message says which and why.
+
+    A read the gateway built from a valid request should never be refused, so this is not retried on
+    another replica: it would be refused there too.
+    """
+
+
+class EvalError(SlotreadError):
+    """An evaluation cannot run; the message says what is missing or wrong, and where."""
 
 
 class CalibrationError(SlotreadError):

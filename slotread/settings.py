@@ -7,11 +7,15 @@ explicit values (the CLI's flags) win over the environment. The defaults run on 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from slotread.models.registry import DEFAULT_MODEL
+
+#: decisions a gateway (``upstreams`` set) runs at once unless told otherwise
+GATEWAY_CONCURRENCY = 16
 
 
 class Settings(BaseSettings):
@@ -26,9 +30,18 @@ class Settings(BaseSettings):
     cache_dir: Path | None = None
     #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
     api_keys: Path | None = None
+    #: base URLs of remote engines (``slotread engine`` or vLLM servers of ``model``); when set, the
+    #: server loads only the tokenizer and sends its reads to them. ``SLOTREAD_UPSTREAMS``: comma-separated
+    upstreams: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: seconds one read may take on the upstreams, retries on other replicas included
+    upstream_timeout_s: float = Field(5.0, gt=0)
+    #: seconds between health checks of each upstream replica; a 503 for want of replicas says to
+    #: retry after this long
+    health_interval_s: float = Field(2.0, gt=0)
     #: decisions running at once; their reads are merged into one engine batch at a time. On a 2-core
     #: CPU two at once gave the same throughput as one at twice the latency (bench/load.py, the
-    #: default model), so 1; raise it where batches are cheap (a GPU)
+    #: default model), so 1; raise it where batches are cheap (a GPU). With upstreams the default is
+    #: GATEWAY_CONCURRENCY: a gateway's decisions wait on the network, and the replicas batch them
     max_concurrency: int = Field(1, ge=1, le=256)
     #: decisions waiting for a slot; one more is answered 529 at once
     queue_size: int = Field(16, ge=0, le=100_000)
@@ -50,6 +63,25 @@ class Settings(BaseSettings):
     max_prompt_tokens: int | None = Field(None, ge=16)
     #: a directory of calibration artifacts (``slotread calibrate``); content-free reads are saved there
     calibration_dir: Path | None = None
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _split_upstreams(cls, value: Any) -> Any:
+        return [url.strip() for url in value.split(",") if url.strip()] if isinstance(value, str) else value
+
+    @field_validator("upstreams")
+    @classmethod
+    def _upstreams_are_http(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {url!r} is not an http:// or https:// URL")
+        return [url.rstrip("/") for url in urls]
+
+    @model_validator(mode="after")
+    def _gateway_concurrency(self) -> Settings:
+        if self.upstreams and "max_concurrency" not in self.model_fields_set:
+            self.max_concurrency = GATEWAY_CONCURRENCY
+        return self
 
     @model_validator(mode="after")
     def _paths_exist(self) -> Settings:

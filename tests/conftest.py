@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
 from slotread.models.tiny_masked import TOKENIZER_SOURCE, write_tiny_masked_lm
+from tests.engines.remote.replicas import Replica
 from tests.engines.tiny_dream import TinyDreamConfig, TinyDreamModel
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -67,7 +69,7 @@ def tiny_dream_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) ->
     """A tiny Dream-style remote-code checkpoint (tests/engines/tiny_dream.py) with SmolLM2's tokenizer and chat
     template plus Dream's <|mask|> token, named as the mask in the config."""
     out = tmp_path_factory.mktemp("tiny-dream")
-    tokenizer = load_tokenizer(TOKENIZER_SOURCE, cache_dir=cache_dir)
+    tokenizer = load_tokenizer(TOKENIZER_SOURCE, cache_dir=cache_dir).tokenizer
     tokenizer.add_special_tokens({"mask_token": "<|mask|>"})
     config = TinyDreamConfig(
         vocab_size=len(tokenizer),
@@ -91,3 +93,20 @@ def tiny_dream_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) ->
 @pytest.fixture(scope="session")
 def tiny_dream(tiny_dream_dir: Path) -> LoadedModel:
     return load_model(str(tiny_dream_dir))
+
+
+@pytest.fixture(scope="session")
+def diffusion_replicas(tiny_diffusion_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
+    """Two ``slotread engine`` servers of the tiny DiffusionGemma in float32, on loopback ports.
+
+    Tests that kill or pause one leave both running again.
+    """
+    logs = tmp_path_factory.mktemp("replicas")
+    replicas = [Replica(str(tiny_diffusion_dir), logs / f"engine-{index}.log").start() for index in range(2)]
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()

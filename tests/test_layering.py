@@ -20,11 +20,14 @@ ALLOWED = {
     "models": {"engines"},
     # the server wires the rest: the Decider, the wire formats, the engine contract, the registry
     "serve": {"api", "decider", "engines", "models", "settings"},
+    # evaluation drives the public API: the Decider and the System One wire format
+    "eval": {"api", "decider"},
 }
 
 #: third-party packages the model-side layers may import: they run without the server's dependencies
+#: (httpx: the remote engine's client)
 MODEL_SIDE = {"core", "prompt", "engines", "quality"}
-MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers"}
+MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers", "httpx"}
 
 
 def slotread_imports(path: Path) -> set[str]:

@@ -47,6 +47,7 @@ from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.attention import MASKED
 from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.decoder_graphs import DecoderGraphs
 from slotread.engines.gemma_forward import OwnPrompt, SharedPart, decode, encode
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
@@ -90,6 +91,9 @@ class DiffusionGemmaEngine:
     cache's state, bit for bit, on any device: every prompt segment is encoded alone, every canvas is
     decoded alone against its whole prompt, so each read runs the same shapes whatever else is
     asked. It costs the batching (bench/gpu_reads.py measures how much).
+
+    ``cuda_graphs`` (on a GPU, in bfloat16): decoder steps whose canvases all read one cached prompt
+    replay captured CUDA graphs (``engines/decoder_graphs.py``) instead of launching each kernel.
     """
 
     family: Family = "diffusion"
@@ -105,6 +109,7 @@ class DiffusionGemmaEngine:
         max_encode_tokens: int = 8192,
         shared_min: int = SHARED_MIN,
         deterministic: bool = False,
+        cuda_graphs: bool = True,
     ) -> None:
         self._config = model.config.get_text_config()
         self.max_tokens = int(max_tokens if max_tokens is not None else self._config.max_position_embeddings)
@@ -118,6 +123,9 @@ class DiffusionGemmaEngine:
         self._encoder = model.model.encoder.language_model
         self._decoder = model.model.decoder
         self._head = model.lm_head
+        # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
+        use_graphs = cuda_graphs and model.device.type == "cuda" and model.dtype == torch.bfloat16
+        self._graphs = DecoderGraphs(self._decoder, self._config.layer_types) if use_graphs else None
         self._softcap = float(self._config.final_logit_softcapping)
         self._vocab = int(self._config.vocab_size)
         self._pad_id = int(self._config.pad_token_id or 0)
@@ -274,15 +282,21 @@ class DiffusionGemmaEngine:
             positions.append(list(range(read.length, read.length + columns)))
             canvas_bias.append([0.0] * len(noised) + [MASKED] * fill)
 
-        hidden = decode(
-            self._decoder,
-            self._config.layer_types,
-            canvas=torch.tensor(canvases, device=device),  # (B, C)
-            positions=torch.tensor(positions, device=device),  # (B, C)
-            canvas_bias=torch.tensor(canvas_bias, device=device),  # (B, C)
-            shared=self._shared_parts(reads),
-            own=self._own_prompts(reads),
-        )  # (B, C, H)
+        inputs = (
+            torch.tensor(canvases, device=device),  # (B, C)
+            torch.tensor(positions, device=device),  # (B, C)
+            torch.tensor(canvas_bias, device=device),  # (B, C)
+        )
+        shared, own = self._shared_parts(reads), self._own_prompts(reads)
+        hidden = None  # (B, C, H)
+        if self._graphs is not None and not self._graphs.failed and own is None and len(shared) == 1:
+            try:
+                hidden = self._graphs.decode(*inputs, shared[0])
+            except RuntimeError:  # a kernel that cannot be captured here: eager from now on
+                logger.warning("CUDA graph capture failed; decoding eagerly", exc_info=True)
+                self._graphs.failed = True
+        if hidden is None:
+            hidden = decode(self._decoder, self._config.layer_types, *inputs, shared, own)
 
         rows = [r for r, request in enumerate(batch) for _ in request.slots]
         cols = [slot.position for request in batch for slot in request.slots]

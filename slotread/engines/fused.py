@@ -24,15 +24,20 @@ _compiler_failed = False
 
 
 def _fused(fn: Callable[P, T]) -> Callable[P, T]:
-    """``fn`` compiled (dynamic shapes) when its first argument is on a GPU, eager otherwise."""
-    compiled = torch.compile(fn, dynamic=True)
+    """``fn`` compiled (dynamic shapes) when its first argument is on a GPU, eager otherwise.
+
+    Compiled on first use: importing the compiler costs seconds a CPU-only process never needs.
+    """
+    compiled: Callable[P, T] | None = None
 
     @wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
         global _compiler_failed
+        nonlocal compiled
         first = args[0]
         if not _compiler_failed and isinstance(first, torch.Tensor) and first.is_cuda:
             try:
+                compiled = compiled or torch.compile(fn, dynamic=True)
                 return compiled(*args, **kwargs)
             except Exception:  # no working compiler here: eager from now on
                 logger.warning("torch.compile failed; running eagerly", exc_info=True)

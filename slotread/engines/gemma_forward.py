@@ -152,8 +152,8 @@ def _shared_attention(
         if window is not None:
             held = keys.shape[-2]
             token = torch.arange(queries, device=grouped.device) % new  # t of each grouped query
-            hidden = torch.arange(held, device=grouped.device)[None, :] <= token[:, None] + held - window
-            bias = torch.where(hidden, MASKED, 0.0).to(grouped.dtype).repeat(part.rows, 1)[None, None]
+            outside = torch.arange(held, device=grouped.device)[None, :] <= token[:, None] + held - window
+            bias = torch.where(outside, MASKED, 0.0).to(grouped.dtype).repeat(part.rows, 1)[None, None]
         # the part's rows' queries as one batch-1 sequence: (1, kvh, rows * g * L, d)
         batched = grouped[row : row + part.rows].transpose(0, 1).reshape(1, kv_heads, -1, dim)
         out, lse = attend(batched, keys, values, bias)
@@ -184,7 +184,10 @@ def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: t
     order = torch.argsort(flat)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    offsets = torch.cumsum(torch.bincount(flat, minlength=experts.gate_up_proj.shape[0]), 0, dtype=torch.int32)
+    # counts by index_add, not bincount: bincount sizes its output on the host (a sync; no CUDA graph)
+    counts = torch.zeros(experts.gate_up_proj.shape[0], dtype=torch.int32, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
     gate, up = _grouped(hidden[order // k], experts.gate_up_proj, offsets).chunk(2, dim=-1)
     out = _grouped(experts.act_fn(gate) * up, experts.down_proj, offsets)
     return fused.combine(out, weights.reshape(-1)[order], inverse, k).to(hidden.dtype)

@@ -72,8 +72,6 @@ def convert_gguf(gguf: Path, directory: Path, *, model: str, source_sha256: str)
 def _write_checkpoint(gguf: Path, checkpoint: Path, model: str) -> None:
     """Dequantize the GGUF to float32 and save model and tokenizer into ``checkpoint``."""
     try:
-        metadata = read_gguf_metadata(gguf)
-        variant = _GEMMA_VARIANTS.get(metadata["general.architecture"])
         # dequantize=True keeps transformers from looking for a packed-GGUF kernel on the Hub, and
         # leaves a plain dense model that save_pretrained accepts.
         weights = AutoModelForCausalLM.from_pretrained(
@@ -83,11 +81,20 @@ def _write_checkpoint(gguf: Path, checkpoint: Path, model: str) -> None:
             quantization_config=GgufConfig(dequantize=True),
             local_files_only=True,
         )
-        tokenizer = gemma_tokenizer_from_gguf(gguf, variant) if variant is not None else _gguf_tokenizer(gguf, metadata)
     except (OSError, ValueError, KeyError, RuntimeError, struct.error) as exc:
         raise ModelLoadError(model, f"cannot convert {gguf.name}: {exc}") from exc
     weights.save_pretrained(checkpoint)
-    tokenizer.save_pretrained(checkpoint)
+    tokenizer_from_gguf(gguf, model).save_pretrained(checkpoint)
+
+
+def tokenizer_from_gguf(gguf: Path, model: str) -> PreTrainedTokenizerBase:
+    """The tokenizer a conversion of ``gguf`` saves: Gemma's BPE for Gemma GGUFs, else transformers' own."""
+    try:
+        metadata = read_gguf_metadata(gguf)
+        variant = _GEMMA_VARIANTS.get(metadata["general.architecture"])
+        return gemma_tokenizer_from_gguf(gguf, variant) if variant is not None else _gguf_tokenizer(gguf, metadata)
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error) as exc:
+        raise ModelLoadError(model, f"cannot read the tokenizer of {gguf.name}: {exc}") from exc
 
 
 def _gguf_tokenizer(gguf: Path, metadata: dict[str, Any]) -> PreTrainedTokenizerBase:

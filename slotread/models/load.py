@@ -12,6 +12,10 @@
   (family "causal"). A directory whose config has an ``auto_map`` runs the modeling code it holds
   (``trust_remote_code``): only local directories get here.
 
+``load_tokenizer`` loads the same tokenizer without any weights (what a gateway needs to render
+prompts for remote engines): from a directory as above, and for a registry model or ``.gguf`` file
+straight from the GGUF, which is fetched but not converted.
+
 Nothing here reaches a model hub: every transformers call passes ``local_files_only=True``. Every
 failure raises ModelLoadError naming the model and the reason; causal and diffusion reads go through
 the chat template, so their checkpoints need a tokenizer with one (masked LMs fall back to plain text).
@@ -38,7 +42,7 @@ from transformers import (
 )
 
 from slotread.errors import ModelLoadError
-from slotread.models.convert import convert_gguf, is_converted
+from slotread.models.convert import convert_gguf, is_converted, tokenizer_from_gguf
 from slotread.models.fetch import default_cache_dir, fetch_artifact, sha256_file
 from slotread.models.masked_adapter import has_remote_code, is_masked
 from slotread.models.registry import REGISTRY, Family
@@ -57,6 +61,17 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     family: Family
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A model's tokenizer and family without its weights: enough to render reads for remote engines."""
+
+    name: str
+    tokenizer: PreTrainedTokenizerBase
+    family: Family
+    #: the size of the model's output vocabulary, which DiffusionGemma draws canvas noise from
+    vocab_size: int
 
 
 @dataclass(frozen=True)
@@ -81,12 +96,22 @@ def load_model(
     return _load_checkpoint(_checkpoint_dir(spec, cache), spec, device, dtype)
 
 
-def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer alone of a registry model, checkpoint directory or ``.gguf`` file (a registry
-    model is fetched and converted first, as ``load_model`` does)."""
-    cache = cache_dir if cache_dir is not None else default_cache_dir()
-    directory = _checkpoint_dir(spec, cache)
-    return _load_tokenizer(directory, spec, _declares_remote_code(directory))
+def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> LoadedTokenizer:
+    """The tokenizer ``load_model(spec)`` would load, without loading or converting weights.
+
+    A registry model converted already is read from its checkpoint; otherwise its GGUF is fetched (not
+    converted) and the tokenizer built from it as a conversion would save it (about 10 s against 0.5 s
+    for the saved one). A ``.gguf`` file's is built likewise.
+    """
+    if spec in REGISTRY:
+        entry = REGISTRY[spec]
+        cache = cache_dir if cache_dir is not None else default_cache_dir()
+        directory = cache / "models" / entry.name
+        if is_converted(directory, entry.gguf.sha256):
+            return _directory_tokenizer(directory, spec)
+        return _gguf_tokenizer(fetch_artifact(entry.gguf, cache, model=spec), spec, entry.family)
+    source = _local_source(spec)
+    return _gguf_tokenizer(source, spec, "causal") if source.is_file() else _directory_tokenizer(source, spec)
 
 
 def list_models(cache_dir: Path | None = None) -> list[ModelListing]:
@@ -110,13 +135,19 @@ def _checkpoint_dir(spec: str, cache: Path) -> Path:
             gguf = fetch_artifact(entry.gguf, cache, model=spec)
             convert_gguf(gguf, directory, model=spec, source_sha256=entry.gguf.sha256)
         return directory
-    path = Path(spec).expanduser()
+    path = _local_source(spec)
     if path.is_dir():
         return path
-    if path.is_file() and path.suffix == ".gguf":
-        digest = sha256_file(path)
-        directory = cache / "models" / f"{path.stem}-{digest[:12]}"
-        return convert_gguf(path, directory, model=spec, source_sha256=digest)
+    digest = sha256_file(path)
+    directory = cache / "models" / f"{path.stem}-{digest[:12]}"
+    return convert_gguf(path, directory, model=spec, source_sha256=digest)
+
+
+def _local_source(spec: str) -> Path:
+    """The checkpoint directory or ``.gguf`` file ``spec`` names (it is no registry name)."""
+    path = Path(spec).expanduser()
+    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
+        return path
     if path.exists():
         raise ModelLoadError(spec, "not a checkpoint directory or a .gguf file")
     raise ModelLoadError(
@@ -124,30 +155,14 @@ def _checkpoint_dir(spec: str, cache: Path) -> Path:
     )
 
 
-def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype) -> LoadedModel:
-    """Tokenizer first (cheap to refuse), then the weights in the class the config names."""
+def _read_tokenizer(directory: Path, name: str) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, Family, bool]:
+    """A checkpoint directory's config, tokenizer (with a chat template unless masked), family, and
+    whether it runs the directory's own modeling code."""
     remote = _declares_remote_code(directory)
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=remote)
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(name, f"{directory} has no readable config.json: {exc}") from exc
-    tokenizer = _load_tokenizer(directory, name, remote)
-    family: Family = (
-        "diffusion" if config.model_type == "diffusion_gemma" else "masked" if is_masked(config) else "causal"
-    )
-    if family != "masked" and not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(name, f"the tokenizer in {directory} has no chat template")
-    try:
-        model = _model_class(config, family).from_pretrained(
-            directory, dtype=dtype, device_map=device, local_files_only=True, trust_remote_code=remote
-        )
-    except _LOAD_ERRORS as exc:
-        raise ModelLoadError(name, f"cannot load the weights in {directory}: {exc}") from exc
-    model.eval().requires_grad_(False)
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family)
-
-
-def _load_tokenizer(directory: Path, name: str, remote: bool) -> PreTrainedTokenizerBase:
     if not any((directory / file).is_file() for file in _TOKENIZER_FILES):
         raise ModelLoadError(name, f"{directory} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})")
     try:
@@ -156,7 +171,43 @@ def _load_tokenizer(directory: Path, name: str, remote: bool) -> PreTrainedToken
         )
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(name, f"{directory} has no loadable tokenizer: {exc}") from exc
-    return tokenizer
+    family = _family(config)
+    if family != "masked":
+        _require_chat_template(tokenizer, name, str(directory))
+    return config, tokenizer, family, remote
+
+
+def _directory_tokenizer(directory: Path, name: str) -> LoadedTokenizer:
+    config, tokenizer, family, _ = _read_tokenizer(directory, name)
+    return LoadedTokenizer(name, tokenizer, family, int(config.get_text_config().vocab_size))
+
+
+def _gguf_tokenizer(gguf: Path, name: str, family: Family) -> LoadedTokenizer:
+    tokenizer = tokenizer_from_gguf(gguf, name)
+    _require_chat_template(tokenizer, name, gguf.name)
+    return LoadedTokenizer(name, tokenizer, family, len(tokenizer))
+
+
+def _require_chat_template(tokenizer: PreTrainedTokenizerBase, name: str, where: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(name, f"the tokenizer in {where} has no chat template")
+
+
+def _family(config: PretrainedConfig) -> Family:
+    return "diffusion" if config.model_type == "diffusion_gemma" else "masked" if is_masked(config) else "causal"
+
+
+def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype) -> LoadedModel:
+    """Tokenizer first (cheap to refuse), then the weights in the class the config names."""
+    config, tokenizer, family, remote = _read_tokenizer(directory, name)
+    try:
+        model = _model_class(config, family).from_pretrained(
+            directory, dtype=dtype, device_map=device, local_files_only=True, trust_remote_code=remote
+        )
+    except _LOAD_ERRORS as exc:
+        raise ModelLoadError(name, f"cannot load the weights in {directory}: {exc}") from exc
+    model.eval().requires_grad_(False)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family)
 
 
 def _model_class(config: PretrainedConfig, family: Family) -> type[Any]:

@@ -45,7 +45,8 @@ _TINY_TEXT: dict[str, Any] = {
     "initializer_range": 0.2,
 }
 
-_TINY_VISION: dict[str, Any] = {
+#: A one-layer vision tower: the config needs one; text reads never run it.
+TINY_VISION: dict[str, Any] = {
     "hidden_size": 16,
     "intermediate_size": 32,
     "num_hidden_layers": 1,
@@ -64,7 +65,7 @@ def tiny_diffusion_gemma_config(vocab_size: int = GEMMA4_VOCAB_SIZE, **overrides
     text_config = DiffusionGemmaTextConfig(**text_fields)
     return DiffusionGemmaConfig(
         text_config=text_config,
-        vision_config=Gemma4VisionConfig(**_TINY_VISION),
+        vision_config=Gemma4VisionConfig(**TINY_VISION),
         initializer_range=text_config.initializer_range,
         # the canvas length of the library's own generate loop; reads choose their own canvas
         canvas_length=32,

@@ -103,7 +103,7 @@ def write_tiny_masked_lm(
 
     The first call fetches and converts SmolLM2 (94 MB) into ``cache_dir`` for its tokenizer.
     """
-    tokenizer = masked_lm_tokenizer(load_tokenizer(TOKENIZER_SOURCE, cache_dir=cache_dir))
+    tokenizer = masked_lm_tokenizer(load_tokenizer(TOKENIZER_SOURCE, cache_dir=cache_dir).tokenizer)
     tiny_masked_lm(architecture, tokenizer, seed=seed).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir

@@ -35,6 +35,8 @@ from slotread.errors import (
     PromptTooLong,
     UnknownModel,
     UnsupportedEncoding,
+    UpstreamError,
+    UpstreamUnavailable,
 )
 from slotread.serve.admission import ClientGone
 from slotread.serve.auth import ApiKeys
@@ -98,6 +100,17 @@ async def _overloaded(request: Request, exc: Exception) -> Response:
 
 async def _not_ready(request: Request, exc: Exception) -> Response:
     return _error(503, "not_ready_error", str(exc), _retry_headers(_NOT_READY_RETRY_S))
+
+
+async def _upstream_unavailable(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, UpstreamUnavailable)
+    return _error(503, "upstream_unavailable_error", str(exc), _retry_headers(exc.retry_after))
+
+
+async def _upstream_error(request: Request, exc: Exception) -> Response:
+    # The gateway and a replica disagree on the wire: our bug, not the caller's, and not transient.
+    logger.error("upstream error: %s", exc)
+    return _error(502, "upstream_error", str(exc))
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -171,6 +184,8 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
         AuthenticationFailed: _authentication_failed,
         Overloaded: _overloaded,
         NotReady: _not_ready,
+        UpstreamUnavailable: _upstream_unavailable,
+        UpstreamError: _upstream_error,
         ClientGone: _client_gone,
         HTTPException: _http_error,
         Exception: _internal_error,

@@ -1,4 +1,5 @@
-"""Prometheus metrics: requests by route and status, latency, questions, reads, queue depth.
+"""Prometheus metrics: requests by route and status, latency, questions, reads, queue depth, and on a
+gateway each upstream replica's state and requests by outcome.
 
 Each app gets its own ``CollectorRegistry`` (tests start several servers in one process; the
 global registry would refuse the second set of names). ``MetricsMiddleware`` counts every response,
@@ -8,10 +9,14 @@ errors included, labelled with the route's path template so unknown paths cannot
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from slotread.engines.remote.pool import ReplicaStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -55,10 +60,38 @@ class Metrics:
         """Read the reads waiting for the engine from the batcher at scrape time."""
         self.pending_reads.set_function(pending)
 
+    def track_replicas(self, stats: Callable[[], list[ReplicaStats]]) -> None:
+        """Report the upstream replicas' state, read from the pool at scrape time."""
+        self.registry.register(_ReplicaCollector(stats))
+
     def observe_batch(self, reads: int) -> None:
         """Count one engine call of ``reads`` reads."""
         self.batches.inc()
         self.reads.inc(reads)
+
+
+class _ReplicaCollector(Collector):
+    """Per replica: in rotation or not, requests outstanding, requests sent by outcome."""
+
+    def __init__(self, stats: Callable[[], list[ReplicaStats]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("slotread_upstream_up", "1 while the replica is in rotation", labels=["replica"])
+        outstanding = GaugeMetricFamily(
+            "slotread_upstream_outstanding", "requests waiting for the replica", labels=["replica"]
+        )
+        sent = CounterMetricFamily(
+            "slotread_upstream_requests",
+            "requests sent to the replica, by outcome (ok, failed, busy, refused)",
+            labels=["replica", "outcome"],
+        )
+        for replica in self._stats():
+            up.add_metric([replica.url], float(replica.up))
+            outstanding.add_metric([replica.url], replica.outstanding)
+            for outcome, count in sorted(replica.outcomes.items()):
+                sent.add_metric([replica.url, outcome], count)
+        yield from (up, outstanding, sent)
 
 
 def _route(scope: Scope) -> str:

@@ -2,8 +2,9 @@
 
 A decision takes a slot from the ``AdmissionGate`` (or is refused with 529), then runs
 ``Decider.decide`` in one of ``max_concurrency`` threads (torch releases the GIL in its kernels).
-The threads share the Decider's engine through a ``BatchingEngine``, which reads one merged batch at
-a time. A decision that has started runs to the end even if its client leaves: a read in progress
+The threads share an in-process engine through a ``BatchingEngine``, which reads one merged batch at
+a time; a remote engine is used by all threads at once (its replicas batch, and serialising its
+calls would leave them idle). A decision that has started runs to the end even if its client leaves: a read in progress
 cannot be interrupted, and its slot is freed when it finishes.
 """
 
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slotread.decider import Decider
+from slotread.engines.remote.engine import RemoteEngine
 from slotread.errors import NotReady
 from slotread.serve.admission import AdmissionGate
 from slotread.serve.auth import ApiKeys
@@ -50,10 +52,12 @@ class DecisionService:
         self._pool = ThreadPoolExecutor(self.settings.max_concurrency, thread_name_prefix="slotread-decide")
 
     def stop(self) -> None:
-        """Wait for the decisions in flight, then stop the worker threads."""
+        """Wait for the decisions in flight, then stop the worker threads and close the Decider."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self.decider is not None:
+            self.decider.close()
 
     async def load(self, load: Callable[[], Decider]) -> None:
         """Build the Decider in a thread (a first start fetches and converts the model: minutes), then
@@ -68,23 +72,40 @@ class DecisionService:
         self.serve(decider)
 
     def serve(self, decider: Decider) -> None:
-        """Answer decisions with ``decider`` from now on; its engine is shared through a BatchingEngine."""
-        if not isinstance(decider.engine, BatchingEngine):
-            decider.engine = BatchingEngine(decider.engine, observe=self.metrics.observe_batch)
-        batcher = decider.engine
-        self.metrics.track_engine(lambda: batcher.pending)
+        """Answer decisions with ``decider`` from now on; an in-process engine is shared through a
+        BatchingEngine."""
+        if isinstance(decider.engine, RemoteEngine):
+            self.metrics.track_replicas(decider.engine.pool.stats)
+        else:
+            engine = decider.engine
+            batcher = (
+                engine if isinstance(engine, BatchingEngine) else BatchingEngine(engine, self.metrics.observe_batch)
+            )
+            decider.engine = batcher
+            self.metrics.track_engine(lambda: batcher.pending)
         self.decider = decider
         logger.info("ready: serving %s", decider.name)
 
     @property
+    def upstreams(self) -> RemoteEngine | None:
+        """The remote engine, when decisions are read on upstream replicas."""
+        engine = self.decider.engine if self.decider is not None else None
+        return engine if isinstance(engine, RemoteEngine) else None
+
+    @property
     def ready(self) -> bool:
-        """Whether decisions can be answered."""
-        return self.decider is not None and self._pool is not None
+        """Whether decisions can be answered: the model is loaded and, with upstreams, one is in rotation."""
+        remote = self.upstreams
+        return self.decider is not None and self._pool is not None and (remote is None or remote.pool.any_up)
 
     @property
     def unready_reason(self) -> str:
         """Why decisions cannot be answered yet."""
-        return f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
+        if self.load_error:
+            return f"the model failed to load: {self.load_error}"
+        if self.upstreams is not None:
+            return "no upstream replica is in rotation"
+        return "the model is loading"
 
     def ready_decider(self) -> Decider:
         """The Decider, or NotReady saying why there is none."""

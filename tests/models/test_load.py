@@ -9,8 +9,9 @@ import torch
 
 from slotread.errors import ModelLoadError
 from slotread.models.convert import MARKER
-from slotread.models.load import LoadedModel, list_models, load_model
+from slotread.models.load import LoadedModel, list_models, load_model, load_tokenizer
 from slotread.models.registry import REGISTRY
+from slotread.models.tiny import GEMMA4_VOCAB_SIZE
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -147,3 +148,27 @@ def test_a_config_without_auto_map_runs_no_directory_code(tmp_path: Path, tiny_d
     (checkpoint / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match=r"no readable config\.json"):
         load_model(str(checkpoint), cache_dir=tmp_path)
+
+
+def test_load_tokenizer_needs_no_weights(tmp_path: Path, tiny_diffusion_dir: Path) -> None:
+    for path in tiny_diffusion_dir.iterdir():
+        if path.name != "model.safetensors":
+            shutil.copy(path, tmp_path)
+    loaded = load_tokenizer(str(tmp_path), cache_dir=tmp_path)
+    assert (loaded.name, loaded.family, loaded.vocab_size) == (str(tmp_path), "diffusion", GEMMA4_VOCAB_SIZE)
+    assert loaded.tokenizer.chat_template
+
+
+@pytest.mark.slow
+def test_load_tokenizer_builds_from_a_gguf_the_tokenizer_a_conversion_saves(
+    smollm2: LoadedModel, cache_dir: Path, tmp_path: Path
+) -> None:
+    gguf = cache_dir / "files" / REGISTRY[SMOLLM2].gguf.filename
+    built = load_tokenizer(str(gguf), cache_dir=tmp_path)
+    assert (built.family, built.vocab_size) == ("causal", len(smollm2.tokenizer))
+    assert not (tmp_path / "models").exists()  # nothing converted
+    messages = [{"role": "user", "content": "Is the card lost?  Ünïcödé\n\nA) yes B) no"}]
+    text = smollm2.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert built.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == text
+    assert built.tokenizer.encode(text) == smollm2.tokenizer.encode(text)
+    assert load_tokenizer(SMOLLM2, cache_dir=cache_dir).tokenizer.encode(text) == smollm2.tokenizer.encode(text)

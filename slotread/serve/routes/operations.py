@@ -1,4 +1,5 @@
-"""Operations: ``/healthz`` (the process answers), ``/readyz`` (the model is loaded), ``/metrics``.
+"""Operations: ``/healthz`` (the process answers), ``/readyz`` (the model is loaded and, on a gateway, an
+upstream replica is in rotation), ``/metrics``.
 
 None of these needs an API key: load balancers and Prometheus scrape them without one.
 """
@@ -22,10 +23,14 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", summary="The model is loaded and decisions are answered")
 async def readyz(service: ServiceDep) -> JSONResponse:
-    """200 once the model is loaded; 503 with the reason before (or if loading failed)."""
+    """200 once the model is loaded; 503 with the reason before (or if loading failed). A gateway lists
+    its upstream replicas, each "up" or "down", and is ready while one is up."""
+    remote = service.upstreams
+    states = {replica.url: "up" if replica.up else "down" for replica in remote.pool.stats()} if remote else {}
+    replicas = {"upstreams": states} if remote else {}
     if service.ready:
-        return JSONResponse({"status": "ready", "model": service.ready_decider().name})
-    return JSONResponse({"status": "not_ready", "reason": service.unready_reason}, status_code=503)
+        return JSONResponse({"status": "ready", "model": service.ready_decider().name, **replicas})
+    return JSONResponse({"status": "not_ready", "reason": service.unready_reason, **replicas}, status_code=503)
 
 
 @router.get("/metrics", summary="Prometheus metrics")

@@ -1,0 +1,146 @@
+"""``RemoteEngine``: the engine contract over remote replicas that speak vLLM's completions API.
+
+A replica is a ``slotread engine`` server or vLLM serving the same model. A read becomes one or more
+completions bodies (``wire.completion_bodies``: one per 128 label ids, vLLM's cap, with a
+DiffusionGemma canvas noised here from the read's seed), every body of one ``read`` call (all reads
+of a decision stage) goes out at once through the ``ReplicaPool``, and the answers are assembled
+back into ``SlotScores`` (``wire.slot_scores``). Over all callers at most ``max_in_flight`` bodies
+are in flight.
+
+At construction every replica is asked for ``GET /v1/models``: one serving another model stops
+start-up with ModelLoadError, and ``max_tokens`` is the smallest ``max_model_len`` among those that
+answered. A replica that joins later (or comes back after a restart) is admitted only if it serves
+the model with at least that length.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.remote.pool import ReplicaPool
+from slotread.engines.remote.wire import completion_bodies, slot_scores
+from slotread.errors import ModelLoadError, UpstreamError, WireError
+
+logger = logging.getLogger(__name__)
+
+COMPLETIONS = "/v1/completions"
+#: bodies in flight at once over all decisions: enough to keep a few GPU replicas' batches full
+MAX_IN_FLIGHT = 64
+
+
+def served_length(listing: Any, model: str) -> int:
+    """The ``max_model_len`` of ``model`` in a ``GET /v1/models`` answer; ValueError says what is wrong."""
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError("answered GET /v1/models without a data list")
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            length = entry.get("max_model_len")
+            if type(length) is not int or length < 1:
+                raise ValueError(f"lists {model!r} without a max_model_len")
+            return length
+    served = [repr(entry.get("id")) for entry in entries if isinstance(entry, dict)]
+    raise ValueError(f"serves {', '.join(served) or 'no model'}, not {model!r}")
+
+
+class RemoteEngine:
+    """Reads label logits on remote replicas of ``model``; ``close`` stops its health checks."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        model: str,
+        family: Family,
+        vocab_size: int,
+        timeout_s: float,
+        health_interval_s: float,
+        max_in_flight: int = MAX_IN_FLIGHT,
+    ) -> None:
+        self.family: Family = family
+        self.noisy = family == "diffusion"
+        self.model = model
+        self._vocab_size = vocab_size
+        self.pool = ReplicaPool(urls, timeout_s=timeout_s, health_interval_s=health_interval_s)
+        try:
+            self.max_tokens = self._served_length()
+            self.pool.start(self._refusal)
+        except BaseException:
+            self.pool.close()
+            raise
+        self._executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="slotread-upstream")
+        logger.info(
+            "remote engine: %s (%s) on %d replicas, max_tokens=%d, timeout %g s, health every %g s",
+            model,
+            family,
+            len(urls),
+            self.max_tokens,
+            timeout_s,
+            health_interval_s,
+        )
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        """One ``SlotScores`` per request, in order; raises UpstreamUnavailable or UpstreamError."""
+        bodies = [completion_bodies(request, self.family, self.model, self._vocab_size) for request in requests]
+        futures: list[list[Future[Any]]] = [
+            [self._executor.submit(self.pool.post, COMPLETIONS, body) for body in request_bodies]
+            for request_bodies in bodies
+        ]
+        try:
+            answers = [[future.result() for future in request_futures] for request_futures in futures]
+        except BaseException:
+            for request_futures in futures:
+                for future in request_futures:
+                    future.cancel()
+            raise
+        try:
+            return [
+                slot_scores(request, request_bodies, request_answers)
+                for request, request_bodies, request_answers in zip(requests, bodies, answers, strict=True)
+            ]
+        except WireError as exc:
+            raise UpstreamError(f"an upstream answered a read without what it asked for: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop sending reads and checking replicas."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.pool.close()
+
+    def _served_length(self) -> int:
+        """The smallest ``max_model_len`` among the replicas that answer; refuse one serving another model."""
+        lengths, unreachable = [], []
+        for replica in self.pool.replicas:
+            try:
+                response = self.pool.get(replica.url, "/v1/models")
+                listing = response.json() if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError) as exc:
+                unreachable.append(f"{replica.url}: {type(exc).__name__}")
+                continue
+            if listing is None:
+                unreachable.append(f"{replica.url}: GET /v1/models answered {response.status_code}")
+                continue
+            try:
+                lengths.append(served_length(listing, self.model))
+            except ValueError as exc:
+                raise ModelLoadError(self.model, f"upstream {replica.url} {exc}") from None
+        if not lengths:
+            raise ModelLoadError(self.model, "no upstream answered GET /v1/models (" + "; ".join(unreachable) + ")")
+        for problem in unreachable:
+            logger.warning("upstream %s; it joins once it answers", problem)
+        return min(lengths)
+
+    def _refusal(self, listing: Any) -> str | None:
+        """Why a replica (re)joining with this model listing may not take reads, or None."""
+        try:
+            length = served_length(listing, self.model)
+        except ValueError as exc:
+            return str(exc)
+        if length < self.max_tokens:
+            return f"its max_model_len {length} is below the {self.max_tokens} the gateway renders for"
+        return None

@@ -1,0 +1,317 @@
+"""Labelled data as evaluation items: each row becomes (id, state, gold class), asked one question.
+
+Built-in sets are folders of the data directory (each with its PROVENANCE.md):
+
+    banking77  test (default), train, subset154     one 77-option choice over the customer message
+    clinc150   test (default), val, train, test_2per_label
+                                                    one 151-option choice, out-of-scope included
+    sst5       test (default), val, train           a 5-level score of the review
+    boolq      dev (default), dev_500               a noul over the passage, the question per item
+
+Any other labelled file works with a question file: a ``.jsonl`` of objects or a ``.csv`` with a
+``text`` and a ``label`` field (``id`` optional, else the row number), and a JSON file holding the
+System One question object to ask of every text. A noul label is yes/no (or true/false, 1/0), a
+choice label an option name, a score label a level index or the level's text.
+
+This module reads files; it knows nothing of models.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from slotread.errors import EvalError
+
+Kind = Literal["noul", "choice", "score"]
+
+#: The data directory when neither --data-dir nor $SLOTREAD_DATA names one (from the working directory).
+DEFAULT_DATA_DIR = Path("..") / "shared" / "data"
+
+# Question wording. The causal layout puts the state first and this text after it, followed by the
+# options and "Answer with the label of the best option." (prompt/render.py). BoolQ and SST-5 keep
+# the wording the earlier smoke test measured with qwen2.5-coder-1.5b-instruct on 80 items (README,
+# Benchmarks): BoolQ 65%, SST-5 28.7% exact and 63.7% within one level. Choice options are named by
+# their category made readable, with no description: the prompt shows an option's name and its
+# description, so a description repeating the name would double the 77- and 151-line option lists.
+BANKING77_QUESTION = "Which of these topics is this bank customer's message about?"
+CLINC150_QUESTION = "Which of these intents does this message to a virtual assistant express?"
+CLINC150_OUT_OF_SCOPE = ("out of scope", "the message fits none of the other intents")
+SST5_QUESTION = "How positive is this movie review?"
+SST5_LEVELS = ("very negative", "negative", "neutral", "positive", "very positive")
+BOOLQ_QUESTION = "According to the passage: {question}?"
+
+#: Words respelled when a category name is made readable; the rest are lower-cased.
+SPELLING = {
+    "ai": "AI",
+    "apr": "APR",
+    "apple": "Apple",
+    "atm": "ATM",
+    "google": "Google",
+    "mastercard": "Mastercard",
+    "mpg": "MPG",
+    "pin": "PIN",
+    "pto": "PTO",
+    "uber": "Uber",
+    "visa": "Visa",
+    "w2": "W-2",
+    "401k": "401(k)",
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """What every item of a dataset is asked.
+
+    ``question`` is the System One question object; ``classes`` the gold labels as the data writes
+    them, in option order (``yes``, ``no`` for a noul; ``"0"``.. for score levels); ``positive`` the
+    class whose precision and recall are reported on their own (CLINC150's out-of-scope).
+    """
+
+    kind: Kind
+    question: dict[str, Any]
+    classes: tuple[str, ...]
+    positive: str | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One labelled state: ``gold`` indexes ``Task.classes``; ``instructions``, when set, replace the
+    question's own for this item (BoolQ asks each passage its own question)."""
+
+    id: str
+    state: str
+    gold: int
+    instructions: str | None = None
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A split of a dataset: its name (a built-in name or a file path), the task and the items.
+
+    ``sample`` is (limit, seed) when the items are a seeded sample of the split (see ``subset``).
+    """
+
+    name: str
+    split: str | None
+    task: Task
+    items: tuple[Item, ...]
+    sample: tuple[int, int] | None = None
+
+
+def readable(category: str) -> str:
+    """A category name as words: ``card_payment_fee_charged`` -> ``card payment fee charged``."""
+    words = category.rstrip("?").split("_")
+    return " ".join(SPELLING.get(word.lower(), word.lower()) for word in words)
+
+
+def resolve_data_dir(explicit: Path | None) -> Path:
+    """``explicit`` (--data-dir), else $SLOTREAD_DATA, else ../shared/data from the working directory."""
+    if explicit is not None:
+        return explicit
+    return Path(os.environ.get("SLOTREAD_DATA") or DEFAULT_DATA_DIR)
+
+
+def _choice_task(names: list[str], question: str, descriptions: dict[str, str] | None = None) -> dict[str, Any]:
+    descriptions = descriptions or {}
+    criteria = {readable(name): descriptions.get(name) for name in names}
+    if len(criteria) != len(names):
+        raise EvalError(f"two categories read the same once made readable: {names}")
+    return {"type": "choice", "instructions": question, "criteria": criteria}
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """Rows with their line numbers (the header is line 1)."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise EvalError(f"{path}:{line_number}: not JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise EvalError(f"{path}:{line_number}: expected a JSON object")
+            yield line_number, row
+
+
+def _field(path: Path, line: int, row: dict[str, Any], name: str) -> Any:
+    if row.get(name) is None:
+        raise EvalError(f"{path}:{line}: no {name!r} field")
+    return row[name]
+
+
+def _gold(path: Path, line: int, label: str, classes: tuple[str, ...]) -> int:
+    if label not in classes:
+        raise EvalError(f"{path}:{line}: label {label!r} is not one of the {len(classes)} classes")
+    return classes.index(label)
+
+
+def _csv_items(path: Path, label: str, classes: tuple[str, ...], id_field: str | None = None) -> list[Item]:
+    """Items from a CSV with a ``text`` column and a label column; ids are row numbers or ``id_field``."""
+    items = []
+    for index, (line, row) in enumerate(_csv_rows(path)):
+        item_id = _field(path, line, row, id_field) if id_field else str(index)
+        gold = _gold(path, line, _field(path, line, row, label), classes)
+        items.append(Item(item_id, _field(path, line, row, "text"), gold))
+    return items
+
+
+def _banking77(folder: Path, split: str) -> tuple[Task, list[Item]]:
+    categories = json.loads((folder / "categories.json").read_text(encoding="utf-8"))
+    task = Task("choice", _choice_task(categories, BANKING77_QUESTION), tuple(categories))
+    # subset154.csv names each row by its row in test.csv, so its items pair with a test run's
+    id_field = "test_index" if split == "subset154" else None
+    return task, _csv_items(folder / f"{split}.csv", "category", task.classes, id_field)
+
+
+def _clinc150(folder: Path, split: str) -> tuple[Task, list[Item]]:
+    domains = json.loads((folder / "domains.json").read_text(encoding="utf-8"))
+    intents = [intent for members in domains.values() for intent in members]  # grouped by domain
+    name, description = CLINC150_OUT_OF_SCOPE
+    question = _choice_task(intents, CLINC150_QUESTION)
+    question["criteria"][name] = description
+    task = Task("choice", question, (*intents, "oos"), positive="oos")
+    return task, _csv_items(folder / f"{split}.csv", "label", task.classes)
+
+
+def _sst5(folder: Path, split: str) -> tuple[Task, list[Item]]:
+    question = {"type": "score", "instructions": SST5_QUESTION, "criteria": list(SST5_LEVELS)}
+    task = Task("score", question, tuple(str(i) for i in range(len(SST5_LEVELS))))
+    return task, _csv_items(folder / f"{split}.csv", "label", task.classes)
+
+
+def _boolq(folder: Path, split: str) -> tuple[Task, list[Item]]:
+    task = Task("noul", {"type": "noul"}, ("yes", "no"))
+    path = folder / f"{split}.jsonl"
+    items = []
+    for line, row in _jsonl_rows(path):
+        question = BOOLQ_QUESTION.format(question=_field(path, line, row, "question"))
+        gold = _gold(path, line, _field(path, line, row, "label"), task.classes)
+        items.append(Item(str(_field(path, line, row, "idx")), _field(path, line, row, "passage"), gold, question))
+    return task, items
+
+
+Loader = Callable[[Path, str], tuple[Task, list[Item]]]
+
+#: Built-in sets: loader and splits, the evaluation split first (the default).
+BUILTIN: dict[str, tuple[Loader, tuple[str, ...]]] = {
+    "banking77": (_banking77, ("test", "train", "subset154")),
+    "clinc150": (_clinc150, ("test", "val", "train", "test_2per_label")),
+    "sst5": (_sst5, ("test", "val", "train")),
+    "boolq": (_boolq, ("dev", "dev_500")),
+}
+
+
+def read_question(path: Path) -> dict[str, Any]:
+    """A question file: one System One question object (``type``, ``instructions``, ``criteria``)."""
+    try:
+        question = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise EvalError(f"cannot read the question file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise EvalError(f"{path}: not JSON ({exc.msg})") from None
+    if not isinstance(question, dict) or question.get("type") not in ("noul", "choice", "score"):
+        raise EvalError(f"{path}: expected a System One question object with type noul, choice or score")
+    return question
+
+
+def _file_task(question: dict[str, Any], source: Path) -> Task:
+    kind = question["type"]
+    criteria = question.get("criteria")
+    if kind == "noul":
+        return Task("noul", question, ("yes", "no"))
+    if kind == "choice" and isinstance(criteria, dict):
+        return Task("choice", question, tuple(criteria))
+    if kind == "score" and isinstance(criteria, list):
+        return Task("score", question, tuple(str(i) for i in range(len(criteria))))
+    raise EvalError(f"{source}: a {kind} question needs its criteria ({'an object' if kind == 'choice' else 'a list'})")
+
+
+_NOUL_LABELS = {"yes": "yes", "true": "yes", "1": "yes", "no": "no", "false": "no", "0": "no"}
+
+
+def _file_label(task: Task, value: Any) -> str | None:
+    """The class a labelled file's ``label`` value names, or None."""
+    if task.kind == "noul":
+        return _NOUL_LABELS.get(str(value).lower())
+    if task.kind == "score":
+        levels = task.question["criteria"]
+        if isinstance(value, str) and value in levels:
+            return str(levels.index(value))
+        return str(value) if str(value) in task.classes else None
+    return value if isinstance(value, str) and value in task.classes else None
+
+
+def _labelled_file(path: Path, task: Task) -> list[Item]:
+    if path.suffix == ".jsonl":
+        rows: Iterator[tuple[int, dict[str, Any]]] = _jsonl_rows(path)
+    elif path.suffix == ".csv":
+        rows = _csv_rows(path)
+    else:
+        raise EvalError(f"{path}: a labelled file must end in .jsonl or .csv")
+    items = []
+    for index, (line, row) in enumerate(rows):
+        text = _field(path, line, row, "text")
+        if not isinstance(text, str):
+            raise EvalError(f"{path}:{line}: 'text' must be a string")
+        label = _file_label(task, _field(path, line, row, "label"))
+        if label is None:
+            raise EvalError(f"{path}:{line}: label {row['label']!r} is not an answer of the question")
+        items.append(Item(str(row.get("id", index)), text, task.classes.index(label)))
+    return items
+
+
+def load_dataset(
+    dataset: str, split: str | None = None, *, data_dir: Path | None = None, question: Path | None = None
+) -> Dataset:
+    """A built-in set's split (default: its evaluation split) or a labelled file with its question file.
+
+    Raises EvalError naming the folder or file it looked for, or the row that is malformed.
+    """
+    if dataset in BUILTIN:
+        loader, splits = BUILTIN[dataset]
+        split = split or splits[0]
+        if split not in splits:
+            raise EvalError(f"{dataset} has no split {split!r}; its splits: {', '.join(splits)}")
+        folder = resolve_data_dir(data_dir) / dataset
+        try:
+            task, items = loader(folder, split)
+        except FileNotFoundError as exc:
+            raise EvalError(
+                f"no {dataset} data: {exc.filename} is missing (the data directory comes from --data-dir, "
+                f"else $SLOTREAD_DATA, else {DEFAULT_DATA_DIR} from the working directory; "
+                f"looked in {folder.resolve()})"
+            ) from None
+        return Dataset(dataset, split, task, tuple(items))
+    path = Path(dataset)
+    if not path.is_file():
+        raise EvalError(f"unknown dataset {dataset!r}: name one of {', '.join(BUILTIN)} or a labelled .jsonl/.csv file")
+    if question is None:
+        raise EvalError(f"{dataset}: a labelled file needs a question file (--question)")
+    task = _file_task(read_question(question), question)
+    return Dataset(dataset, None, task, tuple(_labelled_file(path, task)))
+
+
+def subset(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
+    """``limit`` items drawn without replacement with ``random.Random(seed)``, kept in file order.
+
+    Built-in files are sorted by class, so the first N items would all share a label.
+    """
+    if limit is None or limit >= len(dataset.items):
+        return dataset
+    picked = sorted(random.Random(seed).sample(range(len(dataset.items)), limit))
+    return replace(dataset, items=tuple(dataset.items[i] for i in picked), sample=(limit, seed))

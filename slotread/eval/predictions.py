@@ -1,0 +1,143 @@
+"""predictions.csv: one row per item, appended and flushed as each item is answered.
+
+Columns: ``id, gold, predicted, correct, latency_ms, reads, input_tokens, label_mass, entropy, stderr``
+and then ``p:<class>`` for every class in option order (full-precision floats). ``gold`` and
+``predicted`` are class names as the data writes them; the diagnostics are empty where the predictor
+has none (the baseline reads no model). ``stderr`` is the standard error of the predicted option's
+probability over the draws (empty when it was read once).
+
+A row is complete once its newline is written, so a run killed mid-row leaves a torn last line that
+reopening drops; the rows before it are kept and their items are not read again.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+
+import numpy as np
+
+from slotread.errors import EvalError
+
+COLUMNS = (
+    "id",
+    "gold",
+    "predicted",
+    "correct",
+    "latency_ms",
+    "reads",
+    "input_tokens",
+    "label_mass",
+    "entropy",
+    "stderr",
+)
+PROBABILITY = "p:"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a predictor says about one item: probabilities in class order, and the read's diagnostics."""
+
+    probabilities: np.ndarray
+    reads: int | None = None
+    input_tokens: int | None = None
+    label_mass: float | None = None
+    entropy: float | None = None
+    stderr: float | None = None
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """A predictions.csv read back: one entry per row, in file order; ``reads`` None for the baseline."""
+
+    ids: tuple[str, ...]
+    classes: tuple[str, ...]
+    probabilities: np.ndarray  # (N, K)
+    gold: np.ndarray  # (N,) class indices
+    latency_ms: np.ndarray  # (N,)
+    reads: np.ndarray | None  # (N,)
+
+
+def _complete_rows(path: Path) -> str:
+    """The file's text up to its last newline: a row cut off mid-write has none."""
+    text = path.read_text(encoding="utf-8")
+    return text[: text.rfind("\n") + 1]
+
+
+def header(classes: tuple[str, ...]) -> list[str]:
+    """The column names for a task with these classes."""
+    return [*COLUMNS, *(PROBABILITY + name for name in classes)]
+
+
+def _cell(value: float | int | None) -> str:
+    return "" if value is None else repr(value)
+
+
+class PredictionsFile:
+    """predictions.csv opened for appending; ``done`` holds the ids of the complete rows already there."""
+
+    def __init__(self, path: Path, classes: tuple[str, ...]) -> None:
+        self.classes = classes
+        self.done: set[str] = set()
+        columns = header(classes)
+        if path.exists():
+            text = _complete_rows(path)
+            rows = list(csv.reader(io.StringIO(text, newline="")))
+            if rows and rows[0] != columns:
+                raise EvalError(f"{path} has other columns than this run writes; use another --out")
+            self.done = {row[0] for row in rows[1:]}
+            path.write_text(text, encoding="utf-8")  # drop a torn last row
+        self._handle: TextIO = path.open("a", encoding="utf-8", newline="")
+        self._writer = csv.writer(self._handle, lineterminator="\n")
+        if self._handle.tell() == 0:
+            self._write(columns)
+
+    def _write(self, row: list[str]) -> None:
+        self._writer.writerow(row)
+        self._handle.flush()
+
+    def append(self, item_id: str, gold: int, prediction: Prediction, latency_ms: float) -> None:
+        """Write one item's row and flush it."""
+        p = prediction.probabilities
+        top = int(p.argmax())
+        row = [item_id, self.classes[gold], self.classes[top], str(int(top == gold)), repr(latency_ms)]
+        row += [_cell(prediction.reads), _cell(prediction.input_tokens), _cell(prediction.label_mass)]
+        row += [_cell(prediction.entropy), _cell(prediction.stderr), *(repr(float(v)) for v in p)]
+        self._write(row)
+        self.done.add(item_id)
+
+    def close(self) -> None:
+        """Close the file."""
+        self._handle.close()
+
+    def __enter__(self) -> PredictionsFile:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def read_predictions(path: Path) -> Predictions:
+    """Read a predictions.csv back (complete rows only)."""
+    try:
+        rows = list(csv.reader(io.StringIO(_complete_rows(path), newline="")))
+    except FileNotFoundError:
+        raise EvalError(f"no predictions at {path}") from None
+    if len(rows) < 2:
+        raise EvalError(f"{path} holds no predictions")
+    column = {name: k for k, name in enumerate(rows[0])}
+    classes = tuple(name[len(PROBABILITY) :] for name in rows[0] if name.startswith(PROBABILITY))
+    table = np.array(rows[1:], dtype=object)
+    reads = table[:, column["reads"]]
+    return Predictions(
+        ids=tuple(table[:, column["id"]]),
+        classes=classes,
+        probabilities=table[:, len(COLUMNS) :].astype(np.float64),
+        gold=np.array([classes.index(name) for name in table[:, column["gold"]]]),
+        latency_ms=table[:, column["latency_ms"]].astype(np.float64),
+        reads=None if (reads == "").all() else np.array([float(r) if r else np.nan for r in reads]),
+    )

@@ -1,0 +1,190 @@
+"""Run a dataset through a predictor, one item at a time, into a run folder that resumes.
+
+A model is driven through the public ``Decider.decide``: one System One request per item, carrying
+the same fields a client would send the server (``x_seed``, and whatever ``request_fields`` adds,
+such as ``x_samples`` or ``x_calibration``), so a run measures what the server serves. The run folder
+holds ``run.json`` (what was run), ``predictions.csv`` (appended per item, see predictions.py),
+and, once every item is done, ``metrics.json`` and ``reliability.png`` (report.py). Running the same
+command again reads only the items that have no row yet; a run folder holding a different run is
+refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from tqdm import tqdm
+
+from slotread.api.systemone import parse_request, to_decision
+from slotread.errors import EvalError
+from slotread.eval.datasets import Dataset, Item, Task
+from slotread.eval.predictions import Prediction, PredictionsFile
+from slotread.eval.report import PREDICTIONS, RUN_INFO, write_report
+
+if TYPE_CHECKING:
+    from slotread.decider import Decider
+
+logger = logging.getLogger(__name__)
+
+#: A predictor answers one item; the runner times the call.
+Predictor = Callable[[Item], Prediction]
+
+#: The question's id in every request: caller data, it never reaches the model.
+QUESTION_ID = "answer"
+
+
+def build_request(task: Task, item: Item, request_fields: dict[str, Any]) -> dict[str, Any]:
+    """The System One request for one item: its state, the task's question, and the extra fields."""
+    question = dict(task.question)
+    if item.instructions is not None:
+        question["instructions"] = item.instructions
+    return {**request_fields, "state": item.state, "questions": {QUESTION_ID: question}}
+
+
+def option_names(task: Task) -> list[str]:
+    """The answer's option names in class order (how a response keys its probabilities)."""
+    if task.kind == "choice":
+        return list(task.question["criteria"])
+    return ["yes", "no"] if task.kind == "noul" else list(task.classes)
+
+
+def read_answer(task: Task, response: dict[str, Any]) -> Prediction:
+    """A response's answer as a Prediction in class order, with the read's diagnostics."""
+    answer = response["answers"][QUESTION_ID]
+    names = option_names(task)
+    if task.kind == "noul":
+        p = np.array([answer["noul"], 1.0 - answer["noul"]])
+    else:
+        p = np.array([answer["probabilities"][name] for name in names])
+    stderr = answer.get("x_stderr")
+    if isinstance(stderr, dict):
+        stderr = stderr[names[int(p.argmax())]]
+    return Prediction(
+        probabilities=p,
+        reads=answer.get("x_reads"),
+        input_tokens=response["usage"]["input_tokens"],
+        label_mass=answer.get("x_label_mass"),
+        entropy=answer.get("x_entropy"),
+        stderr=stderr,
+    )
+
+
+class DeciderPredictor:
+    """Answers items with ``Decider.decide``, one request each.
+
+    One warm-up decision on a placeholder state runs first (as the server warms up before it is
+    ready), so the first item's latency does not include one-off start-up work.
+    """
+
+    def __init__(self, decider: Decider, task: Task, request_fields: dict[str, Any]) -> None:
+        self.decider = decider
+        self.task = task
+        self.request_fields = request_fields
+        decider.decide(build_request(task, Item("warm-up", "warm-up", 0), request_fields))
+
+    def __call__(self, item: Item) -> Prediction:
+        return read_answer(self.task, self.decider.decide(build_request(self.task, item, self.request_fields)))
+
+
+def run_info(dataset: Dataset, system: str, request_fields: dict[str, Any] | None) -> dict[str, Any]:
+    """What a run is, as run.json records it: a rerun must match it to resume."""
+    task = dataset.task
+    limit, sample_seed = dataset.sample or (None, None)
+    return {
+        "system": system,
+        "dataset": dataset.name,
+        "split": dataset.split,
+        "limit": limit,
+        "sample_seed": sample_seed,
+        "request": request_fields,
+        "task": {"kind": task.kind, "question": task.question, "classes": task.classes, "positive": task.positive},
+    }
+
+
+def _claim(out: Path, info: dict[str, Any]) -> None:
+    """Write run.json, or check that the one there describes the same run."""
+    path = out / RUN_INFO
+    wanted = json.loads(json.dumps(info))  # tuples as lists, as they read back
+    if path.exists():
+        found = json.loads(path.read_text(encoding="utf-8"))
+        differ = sorted(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key))
+        if differ:
+            raise EvalError(f"{out} holds another run (it differs in {', '.join(differ)}); use another --out")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(wanted, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+def run(
+    dataset: Dataset, out: Path, info: dict[str, Any], make_predictor: Callable[[], Predictor], *, progress: bool = True
+) -> dict[str, Any]:
+    """Predict every item of ``dataset`` that ``out`` has no row for, then write the report.
+
+    ``make_predictor`` is called only when some item is left (a finished run loads no model).
+    Returns the metrics as written to metrics.json.
+    """
+    _claim(out, info)
+    with PredictionsFile(out / PREDICTIONS, dataset.task.classes) as predictions:
+        stray = predictions.done - {item.id for item in dataset.items}
+        if stray:
+            raise EvalError(f"{out / PREDICTIONS} has rows for items not in this run, e.g. {min(stray)!r}")
+        pending = [item for item in dataset.items if item.id not in predictions.done]
+        logger.info("%s: %d of %d items done", out, len(dataset.items) - len(pending), len(dataset.items))
+        if pending:
+            predict = make_predictor()
+            bar = tqdm(
+                pending, initial=len(dataset.items) - len(pending), total=len(dataset.items), disable=not progress
+            )
+            correct = 0
+            for count, item in enumerate(bar, start=1):
+                start = time.perf_counter()
+                prediction = predict(item)
+                latency_ms = (time.perf_counter() - start) * 1000
+                predictions.append(item.id, item.gold, prediction, latency_ms)
+                correct += int(prediction.probabilities.argmax()) == item.gold
+                bar.set_postfix(accuracy=f"{correct / count:.3f}")
+    return write_report(out)
+
+
+def evaluate_model(
+    dataset: Dataset,
+    out: Path,
+    model: str | Decider,
+    *,
+    seed: int = 0,
+    request_fields: dict[str, Any] | None = None,
+    cache_dir: Path | None = None,
+    device: str = "cpu",
+    dtype: Literal["bfloat16", "float32"] = "bfloat16",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
+
+    Every request carries ``x_seed=seed`` and ``request_fields``. The first item's request is
+    checked before the model loads, so a bad field or question fails at once (InvalidRequest).
+    """
+    fields = {"x_seed": seed, **(request_fields or {})}
+    if {"state", "questions"} & fields.keys():
+        raise EvalError("request fields may not replace the request's state or questions")
+    if not dataset.items:
+        raise EvalError(f"{dataset.name} has no items")
+    to_decision(parse_request(build_request(dataset.task, dataset.items[0], fields)))
+    system = model if isinstance(model, str) else model.name
+
+    def load() -> Predictor:
+        if not isinstance(model, str):
+            return DeciderPredictor(model, dataset.task, fields)
+        import torch
+
+        from slotread.decider import Decider
+
+        decider = Decider(model, cache_dir=cache_dir, device=device, dtype=getattr(torch, dtype))
+        return DeciderPredictor(decider, dataset.task, fields)
+
+    return run(dataset, out, run_info(dataset, system, fields), load, progress=progress)

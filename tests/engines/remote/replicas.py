@@ -1,0 +1,84 @@
+"""Real ``slotread engine`` servers in subprocesses on loopback ports, to kill, pause and restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+import slotread
+
+#: the checkout under test, so the subprocesses import the same slotread as the tests
+_ROOT = str(Path(slotread.__file__).resolve().parents[1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Replica:
+    """``slotread engine --model MODEL`` on a loopback port; ``log`` collects its output."""
+
+    def __init__(self, model: str, log: Path, dtype: str = "float32") -> None:
+        self.model = model
+        self.dtype = dtype
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Replica:
+        """Start the server on its port (the same one after a kill) without waiting for it."""
+        command = [sys.executable, "-m", "slotread.cli", "engine", "--model", self.model]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype]
+        # One thread each: two replicas and the tests share a 2-core machine.
+        env = {**os.environ, "PYTHONPATH": _ROOT, "OMP_NUM_THREADS": "1"}
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait_ready(self, seconds: float = 120.0) -> Replica:
+        """Wait until the server lists its model."""
+        deadline = time.monotonic() + seconds
+        while True:
+            assert self.process is not None and self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"{self.url} did not get ready:\n{self.log.read_text()[-3000:]}"
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL: connections in flight break, new ones are refused."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(30)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are accepted by the kernel and never answered."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)

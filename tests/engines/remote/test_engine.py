@@ -1,0 +1,98 @@
+"""RemoteEngine on two real ``slotread engine`` servers of the tiny DiffusionGemma (float32, loopback).
+
+Its reads must score what the in-process engine scores, a read of more than 128 labels included,
+and start-up must refuse replicas that serve another model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from slotread.engines.base import ReadRequest, Slot, SlotScores
+from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.remote.engine import RemoteEngine
+from slotread.engines.remote.wire import completion_bodies
+from slotread.errors import ModelLoadError
+from slotread.models.load import LoadedModel
+from slotread.models.tiny import GEMMA4_VOCAB_SIZE
+from tests.engines.remote.replicas import Replica, free_port
+
+VOCAB = GEMMA4_VOCAB_SIZE
+
+
+def remote_engine(urls: list[str], model: str) -> RemoteEngine:
+    return RemoteEngine(urls, model=model, family="diffusion", vocab_size=VOCAB, timeout_s=10.0, health_interval_s=0.5)
+
+
+@pytest.fixture(scope="module")
+def remote(diffusion_replicas: list[Replica], tiny_diffusion_dir: Path) -> Iterator[RemoteEngine]:
+    engine = remote_engine([replica.url for replica in diffusion_replicas], str(tiny_diffusion_dir))
+    yield engine
+    engine.close()
+
+
+def random_requests() -> list[ReadRequest]:
+    generator = torch.Generator().manual_seed(2)
+
+    def ids(length: int) -> tuple[int, ...]:
+        return tuple(torch.randint(3, VOCAB, (length,), generator=generator).tolist())
+
+    many = tuple((torch.randperm(VOCAB - 3, generator=generator)[:255] + 3).tolist())  # distinct
+    return [
+        ReadRequest(prompt=(ids(5), ids(30)), canvas=ids(16), slots=(Slot(3, ids(2)),), seed=7),
+        # 255 labels: more than vLLM's 128 per request
+        ReadRequest(prompt=(ids(12),), canvas=ids(16), slots=(Slot(2, many),), seed=8),
+        # a joint canvas of two slots, read as given
+        ReadRequest(prompt=(ids(20),), canvas=ids(32), slots=(Slot(4, ids(3)), Slot(9, ids(5))), seed=None),
+    ]
+
+
+def probabilities(logits: np.ndarray) -> np.ndarray:
+    values = logits.astype(np.float64)
+    exp = np.exp(values - values.max())
+    return exp / exp.sum()
+
+
+def assert_same_scores(remote: SlotScores, local: SlotScores) -> None:
+    for slot, (theirs, ours) in enumerate(zip(remote.logits, local.logits, strict=True)):
+        difference = np.abs(probabilities(theirs) - probabilities(ours)).max()
+        assert difference <= 1e-5, f"slot {slot}: label probabilities differ by {difference:.2e}"
+    assert np.allclose(remote.label_mass, local.label_mass, rtol=1e-4, atol=0)
+    assert remote.argmax_id == local.argmax_id
+    assert remote.argmax_is_label == local.argmax_is_label
+
+
+def test_reads_score_what_the_in_process_engine_scores(remote: RemoteEngine, tiny_diffusion: LoadedModel) -> None:
+    local = DiffusionGemmaEngine(tiny_diffusion.model)
+    requests = random_requests()
+    assert len(completion_bodies(requests[1], "diffusion", remote.model, VOCAB)) == 2  # split
+    for theirs, ours in zip(remote.read(requests), local.read(requests), strict=True):
+        assert_same_scores(theirs, ours)
+    assert remote.max_tokens == local.max_tokens  # the replicas' max_model_len
+    # Four bodies at once go to both replicas (fewest outstanding, ties in turn).
+    assert all(stats.outcomes.get("ok", 0) >= 1 for stats in remote.pool.stats())
+
+
+def test_a_replica_serving_another_model_stops_start_up(diffusion_replicas: list[Replica]) -> None:
+    with pytest.raises(ModelLoadError, match=r"upstream http://127\.0\.0\.1:\d+ serves '.*', not 'another-model'"):
+        remote_engine([diffusion_replicas[0].url], "another-model")
+
+
+def test_start_up_needs_a_replica_that_answers(tiny_diffusion_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"no upstream answered GET /v1/models \(http://127\.0\.0\.1:\d+: Connect"):
+        remote_engine([f"http://127.0.0.1:{free_port()}"], str(tiny_diffusion_dir))
+
+
+def test_a_replica_down_at_start_is_left_out(diffusion_replicas: list[Replica], tiny_diffusion_dir: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    engine = remote_engine([dead, diffusion_replicas[0].url], str(tiny_diffusion_dir))
+    try:
+        assert [stats.up for stats in engine.pool.stats()] == [False, True]
+        assert len(engine.read(random_requests()[:1])) == 1
+    finally:
+        engine.close()

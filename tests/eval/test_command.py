@@ -1,0 +1,132 @@
+"""``slotread eval``, run in process: SmolLM2 on a tiny BANKING77-format folder, resumed; compare; table."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slotread.cli import main
+
+CATEGORIES = ["card_arrival", "request_refund", "lost_or_stolen_card"]
+MESSAGES = [
+    ("My new card has not arrived yet", "card_arrival"),
+    ("I want my money back for this purchase", "request_refund"),
+    ("Someone stole my card", "lost_or_stolen_card"),
+    ("Where is the card you sent me?", "card_arrival"),
+    ("Please refund the double charge", "request_refund"),
+    ("I lost my card on the bus", "lost_or_stolen_card"),
+]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "data" / "banking77"
+    folder.mkdir(parents=True)
+    (folder / "categories.json").write_text(json.dumps(CATEGORIES))
+    rows = "".join(f"{text},{label}\n" for text, label in MESSAGES)
+    (folder / "test.csv").write_text("text,category\n" + rows)
+    (folder / "train.csv").write_text("text,category\n" + rows)
+    return tmp_path / "data"
+
+
+def rows(out: Path) -> list[str]:
+    return (out / "predictions.csv").read_text().splitlines()
+
+
+def test_eval_runs_and_resumes_without_rereading_finished_items(
+    cache_dir: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = ["--cache-dir", str(cache_dir), "eval", "--model", "smollm2-135m-instruct", "--dataset", "banking77"]
+    argv += ["--data-dir", str(data_dir), "--limit", "4", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| smollm2-135m-instruct | banking77 | test | 4 |" in table
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["items"] == 4 and metrics["reads_per_item"] == 1.0
+    assert (out / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+    first = rows(out)
+    assert first[0].endswith("p:card_arrival,p:request_refund,p:lost_or_stolen_card") and len(first) == 5
+    correct = [line.split(",")[3] for line in first[1:]]
+    assert metrics["accuracy"] == pytest.approx(correct.count("1") / 4)
+
+    # a run killed during its third item: two rows and a torn one
+    (out / "predictions.csv").write_text("\n".join(first[:3]) + "\n" + first[3][:20])
+    (out / "metrics.json").unlink()
+    assert main(argv) == 0
+    resumed = rows(out)
+    assert resumed[:3] == first[:3]  # the finished rows, latencies included, are untouched
+    assert [line.split(",")[0] for line in resumed] == [line.split(",")[0] for line in first]
+    assert json.loads((out / "metrics.json").read_text())["items"] == 4
+
+    # a finished run reads nothing
+    assert main(argv) == 0
+    assert rows(out) == resumed
+
+
+def test_eval_refuses_a_folder_holding_another_run(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["eval", "--baseline", "tfidf", "--dataset", "banking77", "--data-dir", str(data_dir), "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "run")]) == 0
+    assert main([*base, "--limit", "3", "--out", str(tmp_path / "run")]) == 1
+    assert "holds another run (it differs in limit, sample_seed)" in capsys.readouterr().err
+
+
+def test_eval_compare_and_table(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["eval", "--baseline", "tfidf", "--dataset", "banking77", "--data-dir", str(data_dir), "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    capsys.readouterr()
+    assert main(["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "paired items: 6" in out and "only A right: 0, only B right: 0" in out and "McNemar p = 1" in out
+    assert main(["eval", "table", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().out.count("| tfidf-logreg | banking77 | test | 6 |") == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "--dataset", "sst5", "--data-dir", "/no/such/dir", "--out", "x"], "/no/such/dir/sst5"),
+        (["eval", "--dataset", "imdb", "--out", "x"], "unknown dataset 'imdb'"),
+        (["eval", "--dataset", "sst5"], "--dataset and --out are required"),
+        (["eval", "compare", "/no/run", "/no/run"], "not a run folder"),
+        (["eval", "table", "/no/run"], "has no metrics.json"),
+    ],
+)
+def test_eval_errors_exit_1_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_request_field_exits_2_before_loading(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", "--model", "no-such-model", "--dataset", "banking77", "--data-dir", str(data_dir)]
+    assert main([*argv, "--request-field", "x_samples=0", "--out", str(tmp_path / "run")]) == 2
+    assert json.loads(capsys.readouterr().err)["detail"][0]["loc"] == ["body", "x_samples"]
+    with pytest.raises(SystemExit):
+        main([*argv, "--request-field", "x_samples", "--out", str(tmp_path / "run")])
+
+
+def test_the_baseline_on_a_labelled_file_trains_on_the_train_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "q.json").write_text(json.dumps({"type": "noul", "instructions": "Is the customer angry?"}))
+    train = [("this is outrageous", "yes"), ("i am furious", "yes"), ("thanks a lot", "no"), ("all good", "no")]
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{t},{label}\n" for t, label in train))
+    (tmp_path / "test.csv").write_text("text,label\nso furious right now,yes\nthanks,no\n")
+    argv = [
+        "eval",
+        "--baseline",
+        "tfidf",
+        "--dataset",
+        str(tmp_path / "test.csv"),
+        "--question",
+        str(tmp_path / "q.json"),
+    ]
+    assert main([*argv, "--train", str(tmp_path / "train.csv"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["items"] == 2
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["train"] == [str(tmp_path / "train.csv"), None]

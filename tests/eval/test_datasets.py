@@ -1,0 +1,242 @@
+"""Dataset loaders on small files written here in each real format (the data itself is never committed)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slotread.errors import EvalError
+from slotread.eval.datasets import (
+    BOOLQ_QUESTION,
+    CLINC150_OUT_OF_SCOPE,
+    SST5_LEVELS,
+    load_dataset,
+    readable,
+    resolve_data_dir,
+    subset,
+)
+
+
+def write_banking77(root: Path) -> Path:
+    """A BANKING77 folder as PolyAI ships it (text,category; categories.json), plus our subset154.csv."""
+    folder = root / "banking77"
+    folder.mkdir(parents=True)
+    categories = ["card_arrival", "Refund_not_showing_up", "reverted_card_payment?", "atm_support"]
+    (folder / "categories.json").write_text(json.dumps(categories))
+    (folder / "test.csv").write_text(
+        "text,category\n"
+        "Where is my card?,card_arrival\n"
+        '"My refund, where is it?",Refund_not_showing_up\n'
+        "Why was my payment reverted?,reverted_card_payment?\n"
+        "The ATM ate my card,atm_support\n"
+        "Still no card,card_arrival\n"
+        "Refund missing,Refund_not_showing_up\n"
+    )
+    (folder / "train.csv").write_text(
+        "text,category\nMy card has not come,card_arrival\nWhere is the refund,Refund_not_showing_up\n"
+    )
+    (folder / "subset154.csv").write_text("test_index,text,category\n4,Still no card,card_arrival\n")
+    return folder
+
+
+def write_clinc150(root: Path) -> None:
+    folder = root / "clinc150"
+    folder.mkdir(parents=True)
+    (folder / "domains.json").write_text(json.dumps({"work": ["pto_request", "w2"], "meta": ["change_ai_name"]}))
+    (folder / "test.csv").write_text(
+        "text,label\nhow do i get my w2,w2\nsing me a song,oos\nask for time off,pto_request\n"
+    )
+
+
+def write_sst5(root: Path) -> None:
+    folder = root / "sst5"
+    folder.mkdir(parents=True)
+    (folder / "test.csv").write_text(
+        'text,label,label_name\n"a gob of drivel , sickly sweet .",0,very negative\ngood fun .,3,positive\n'
+    )
+
+
+def write_boolq(root: Path) -> None:
+    folder = root / "boolq"
+    folder.mkdir(parents=True)
+    rows = [
+        {
+            "idx": 27,
+            "question": "do you need to break in a car",
+            "passage": "Engines are broken in.",
+            "title": "Break-in",
+            "label": "yes",
+        },
+        {"idx": 3, "question": "is the sky green", "passage": "The sky is blue.", "title": "Sky", "label": "no"},
+    ]
+    (folder / "dev.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_readable_category_names() -> None:
+    assert readable("card_payment_fee_charged") == "card payment fee charged"
+    assert readable("Refund_not_showing_up") == "refund not showing up"
+    assert readable("reverted_card_payment?") == "reverted card payment"
+    assert readable("atm_support") == "ATM support"
+    assert readable("apple_pay_or_google_pay") == "Apple pay or Google pay"
+    assert readable("rollover_401k") == "rollover 401(k)"
+
+
+def test_banking77_is_one_choice_with_readable_options(tmp_path: Path) -> None:
+    write_banking77(tmp_path)
+    dataset = load_dataset("banking77", data_dir=tmp_path)
+    assert (dataset.name, dataset.split, dataset.task.kind) == ("banking77", "test", "choice")
+    assert dataset.task.classes == ("card_arrival", "Refund_not_showing_up", "reverted_card_payment?", "atm_support")
+    assert list(dataset.task.question["criteria"]) == [
+        "card arrival",
+        "refund not showing up",
+        "reverted card payment",
+        "ATM support",
+    ]
+    assert [item.id for item in dataset.items] == ["0", "1", "2", "3", "4", "5"]
+    assert dataset.items[1].state == "My refund, where is it?" and dataset.items[1].gold == 1
+    assert [item.gold for item in dataset.items] == [0, 1, 2, 3, 0, 1]
+    assert len(load_dataset("banking77", "train", data_dir=tmp_path).items) == 2
+
+
+def test_banking77_subset154_keeps_the_test_row_as_id(tmp_path: Path) -> None:
+    write_banking77(tmp_path)
+    (item,) = load_dataset("banking77", "subset154", data_dir=tmp_path).items
+    assert (item.id, item.state, item.gold) == ("4", "Still no card", 0)
+
+
+def test_clinc150_has_every_intent_then_out_of_scope(tmp_path: Path) -> None:
+    write_clinc150(tmp_path)
+    dataset = load_dataset("clinc150", data_dir=tmp_path)
+    assert dataset.task.classes == ("pto_request", "w2", "change_ai_name", "oos")
+    assert dataset.task.positive == "oos"
+    name, description = CLINC150_OUT_OF_SCOPE
+    assert dataset.task.question["criteria"] == {
+        "PTO request": None,
+        "W-2": None,
+        "change AI name": None,
+        name: description,
+    }
+    assert [item.gold for item in dataset.items] == [1, 3, 0]
+
+
+def test_sst5_is_a_five_level_score(tmp_path: Path) -> None:
+    write_sst5(tmp_path)
+    dataset = load_dataset("sst5", data_dir=tmp_path)
+    assert dataset.task.kind == "score" and dataset.task.question["criteria"] == list(SST5_LEVELS)
+    assert dataset.task.classes == ("0", "1", "2", "3", "4")
+    assert [(item.state, item.gold) for item in dataset.items] == [
+        ("a gob of drivel , sickly sweet .", 0),
+        ("good fun .", 3),
+    ]
+
+
+def test_boolq_asks_each_passage_its_own_question(tmp_path: Path) -> None:
+    write_boolq(tmp_path)
+    dataset = load_dataset("boolq", data_dir=tmp_path)
+    assert dataset.split == "dev" and dataset.task.kind == "noul" and dataset.task.classes == ("yes", "no")
+    first, second = dataset.items
+    assert (first.id, first.state, first.gold) == ("27", "Engines are broken in.", 0)
+    assert first.instructions == BOOLQ_QUESTION.format(question="do you need to break in a car")
+    assert (second.id, second.gold) == ("3", 1)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_labelled_file_with_a_question_file(tmp_path: Path, suffix: str) -> None:
+    question = tmp_path / "question.json"
+    question.write_text(
+        json.dumps({"type": "score", "instructions": "How urgent?", "criteria": ["low", "mid", "high"]})
+    )
+    data = tmp_path / f"data{suffix}"
+    if suffix == ".jsonl":
+        data.write_text('{"id": "a", "text": "fire!", "label": "high"}\n\n{"id": "b", "text": "meh", "label": 0}\n')
+    else:
+        data.write_text("id,text,label\na,fire!,high\nb,meh,0\n")
+    dataset = load_dataset(str(data), question=question)
+    assert dataset.split is None and dataset.task.classes == ("0", "1", "2")
+    assert [(item.id, item.state, item.gold) for item in dataset.items] == [("a", "fire!", 2), ("b", "meh", 0)]
+
+
+def test_a_labelled_noul_file_reads_yes_no_and_booleans(tmp_path: Path) -> None:
+    question = tmp_path / "q.json"
+    question.write_text(json.dumps({"type": "noul", "instructions": "Urgent?"}))
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x", "label": true}\n{"text": "y", "label": "No"}\n{"text": "z", "label": "yes"}\n')
+    dataset = load_dataset(str(data), question=question)
+    assert [(item.id, item.gold) for item in dataset.items] == [("0", 0), ("1", 1), ("2", 0)]
+
+
+def test_subset_is_seeded_and_keeps_file_order(tmp_path: Path) -> None:
+    write_banking77(tmp_path)
+    dataset = load_dataset("banking77", data_dir=tmp_path)
+    first = subset(dataset, 3, seed=1)
+    assert first == subset(dataset, 3, seed=1) and first.sample == (3, 1)
+    ids = [int(item.id) for item in first.items]
+    assert len(ids) == 3 and ids == sorted(ids)
+    assert {tuple(item.id for item in subset(dataset, 3, seed=s).items) for s in range(10)} != {tuple(map(str, ids))}
+    assert subset(dataset, 100, seed=1) == dataset and subset(dataset, None, seed=1) == dataset
+
+
+def test_the_data_dir_comes_from_the_flag_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOTREAD_DATA", "/from/env")
+    assert resolve_data_dir(Path("/flag")) == Path("/flag")
+    assert resolve_data_dir(None) == Path("/from/env")
+    monkeypatch.delenv("SLOTREAD_DATA")
+    assert resolve_data_dir(None) == Path("../shared/data")
+
+
+def test_a_missing_data_dir_says_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(EvalError, match="no sst5 data") as error:
+        load_dataset("sst5", data_dir=tmp_path / "nowhere")
+    assert str((tmp_path / "nowhere" / "sst5").resolve()) in str(error.value)
+    assert "SLOTREAD_DATA" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "split", "message"),
+    [
+        ("imdb", None, "unknown dataset 'imdb': name one of banking77, clinc150, sst5, boolq"),
+        ("boolq", "train", "boolq has no split 'train'; its splits: dev, dev_500"),
+    ],
+)
+def test_unknown_datasets_and_splits_are_refused(dataset: str, split: str | None, message: str) -> None:
+    with pytest.raises(EvalError, match=message):
+        load_dataset(dataset, split)
+
+
+def test_a_label_outside_the_classes_names_its_line(tmp_path: Path) -> None:
+    folder = write_banking77(tmp_path)
+    (folder / "test.csv").write_text("text,category\nok,card_arrival\nbad,no_such_intent\n")
+    with pytest.raises(EvalError, match=r"test.csv:3: label 'no_such_intent' is not one of the 4 classes"):
+        load_dataset("banking77", data_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("question", "rows", "message"),
+    [
+        (
+            {"type": "choice", "criteria": {"a": None, "b": None}},
+            '{"text": "x", "label": "c"}\n',
+            r"d.jsonl:1: label 'c'",
+        ),
+        ({"type": "noul"}, '{"text": "x"}\n', r"d.jsonl:1: no 'label' field"),
+        ({"type": "noul"}, '{"text": 3, "label": "yes"}\n', r"'text' must be a string"),
+        ({"type": "noul"}, "not json\n", r"d.jsonl:1: not JSON"),
+        ({"type": "choice"}, '{"text": "x", "label": "a"}\n', "a choice question needs its criteria"),
+        ({"type": "ranking"}, '{"text": "x", "label": "a"}\n', "type noul, choice or score"),
+    ],
+)
+def test_a_malformed_labelled_file_is_refused_with_its_location(
+    tmp_path: Path, question: dict[str, object], rows: str, message: str
+) -> None:
+    (tmp_path / "q.json").write_text(json.dumps(question))
+    (tmp_path / "d.jsonl").write_text(rows)
+    with pytest.raises(EvalError, match=message):
+        load_dataset(str(tmp_path / "d.jsonl"), question=tmp_path / "q.json")
+
+
+def test_a_labelled_file_needs_a_question_file(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("text,label\nx,yes\n")
+    with pytest.raises(EvalError, match="needs a question file"):
+        load_dataset(str(tmp_path / "d.csv"))
+    with pytest.raises(EvalError, match="cannot read the question file"):
+        load_dataset(str(tmp_path / "d.csv"), question=tmp_path / "missing.json")

@@ -1,0 +1,158 @@
+"""The runner: run folders that resume, and SmolLM2 answering through the public Decider API."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slotread.decider import Decider
+from slotread.errors import EvalError, InvalidRequest
+from slotread.eval.datasets import Dataset, Item, Task, load_dataset
+from slotread.eval.predictions import Prediction
+from slotread.eval.runner import build_request, evaluate_model, read_answer, run, run_info
+from slotread.models.load import LoadedModel
+
+TASK = Task(
+    "choice",
+    {"type": "choice", "instructions": "Which?", "criteria": {"a": None, "b": None, "c": None}},
+    ("A", "B", "C"),
+)
+DATASET = Dataset("toy", "test", TASK, tuple(Item(str(i), f"state {i}", i % 3) for i in range(6)))
+
+
+class Scripted:
+    """A predictor from a fixed table (the runner's Predictor is any callable from Item to Prediction);
+    it records what it was asked and can stop the run at a given item, as Ctrl-C would."""
+
+    def __init__(self, stop_at: str | None = None) -> None:
+        self.asked: list[str] = []
+        self.stop_at = stop_at
+
+    def __call__(self, item: Item) -> Prediction:
+        if item.id == self.stop_at:
+            raise KeyboardInterrupt
+        self.asked.append(item.id)
+        p = np.full(3, 0.1)
+        p[0 if item.id in ("0", "1") else item.gold] = 0.8  # item 1 is wrong, the rest right
+        return Prediction(p, reads=1)
+
+
+def test_a_run_writes_its_folder(tmp_path: Path) -> None:
+    predictor = Scripted()
+    metrics = run(
+        DATASET, tmp_path / "run", run_info(DATASET, "scripted", {"x_seed": 0}), lambda: predictor, progress=False
+    )
+    assert predictor.asked == ["0", "1", "2", "3", "4", "5"]
+    assert metrics["items"] == 6 and metrics["accuracy"] == pytest.approx(5 / 6) and metrics["reads_per_item"] == 1.0
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == metrics
+    assert (tmp_path / "run" / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["system"] == "scripted" and info["task"]["classes"] == ["A", "B", "C"]
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    info = run_info(DATASET, "scripted", {"x_seed": 0})
+    first = Scripted(stop_at="3")
+    with pytest.raises(KeyboardInterrupt):
+        run(DATASET, out, info, lambda: first, progress=False)
+    assert first.asked == ["0", "1", "2"] and not (out / "metrics.json").exists()
+    second = Scripted()
+    metrics = run(DATASET, out, info, lambda: second, progress=False)
+    assert second.asked == ["3", "4", "5"]
+    assert metrics["items"] == 6 and metrics["accuracy"] == pytest.approx(5 / 6)
+    # a finished run builds no predictor at all
+    assert run(DATASET, out, info, lambda: pytest.fail("loaded a model for a finished run"), progress=False) == metrics
+
+
+def test_a_folder_holding_another_run_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run(DATASET, out, run_info(DATASET, "scripted", {"x_seed": 0}), Scripted, progress=False)
+    with pytest.raises(EvalError, match="differs in request, system"):
+        run(DATASET, out, run_info(DATASET, "other", {"x_seed": 1}), Scripted, progress=False)
+    fewer = Dataset("toy", "test", TASK, DATASET.items[:3])
+    with pytest.raises(EvalError, match="rows for items not in this run"):
+        run(fewer, out, run_info(fewer, "scripted", {"x_seed": 0}), Scripted, progress=False)
+
+
+def test_requests_carry_the_question_per_item_and_the_extra_fields() -> None:
+    task = Task("noul", {"type": "noul"}, ("yes", "no"))
+    request = build_request(
+        task, Item("7", "a passage", 0, "According to the passage: is it?"), {"x_seed": 3, "x_coverage": 0.9}
+    )
+    assert request == {
+        "x_seed": 3,
+        "x_coverage": 0.9,
+        "state": "a passage",
+        "questions": {"answer": {"type": "noul", "instructions": "According to the passage: is it?"}},
+    }
+    assert task.question == {"type": "noul"}
+
+
+def test_read_answer_orders_probabilities_by_class() -> None:
+    score = Task("score", {"type": "score", "criteria": ["lo", "hi"]}, ("0", "1"))
+    response = {
+        "answers": {
+            "answer": {
+                "type": "score",
+                "probabilities": {"1": 0.75, "0": 0.25},
+                "x_reads": 4,
+                "x_stderr": {"0": 0.1, "1": 0.2},
+            }
+        },
+        "usage": {"input_tokens": 30, "output_tokens": 4},
+    }
+    prediction = read_answer(score, response)
+    assert prediction.probabilities.tolist() == [0.25, 0.75]
+    assert (prediction.reads, prediction.input_tokens, prediction.stderr) == (4, 30, 0.2)
+    noul = read_answer(
+        Task("noul", {"type": "noul"}, ("yes", "no")),
+        {"answers": {"answer": {"noul": 0.25}}, "usage": {"input_tokens": 1}},
+    )
+    assert noul.probabilities.tolist() == [0.25, 0.75]
+
+
+@pytest.fixture(scope="module")
+def decider(smollm2: LoadedModel) -> Decider:
+    return Decider(smollm2)
+
+
+@pytest.fixture
+def urgent(tmp_path: Path) -> Dataset:
+    (tmp_path / "q.json").write_text(json.dumps({"type": "noul", "instructions": "Is this urgent?"}))
+    rows = [
+        ("fire in the server room", "yes"),
+        ("lunch menu for friday", "no"),
+        ("the site is down", "yes"),
+        ("thanks!", "no"),
+    ]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t, "label": label}) + "\n" for t, label in rows))
+    return load_dataset(str(tmp_path / "d.jsonl"), question=tmp_path / "q.json")
+
+
+def test_smollm2_answers_through_the_public_api(decider: Decider, urgent: Dataset, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    fields = {"x_calibration": "none"}  # passed through as a client would send it
+    metrics = evaluate_model(urgent, out, decider, seed=5, request_fields=fields, progress=False)
+    info = json.loads((out / "run.json").read_text())
+    assert info["system"] == "smollm2-135m-instruct" and info["request"] == {"x_seed": 5, "x_calibration": "none"}
+    rows = list(csv.DictReader((out / "predictions.csv").read_text().splitlines()))
+    assert [row["id"] for row in rows] == ["0", "1", "2", "3"]
+    # each row holds exactly what the Decider answers to the same request
+    direct = decider.decide(build_request(urgent.task, urgent.items[2], {"x_seed": 5}))["answers"]["answer"]
+    assert float(rows[2]["p:yes"]) == direct["noul"] and float(rows[2]["label_mass"]) == direct["x_label_mass"]
+    for row in rows:
+        assert float(row["p:yes"]) + float(row["p:no"]) == pytest.approx(1.0)
+        assert row["reads"] == "1" and int(row["input_tokens"]) > 0
+    assert metrics["items"] == 4 and metrics["reads_per_item"] == 1.0
+    assert metrics["accuracy"] == pytest.approx(np.mean([row["correct"] == "1" for row in rows]))
+
+
+def test_a_bad_request_field_is_refused_before_anything_runs(urgent: Dataset, tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="x_samples"):
+        evaluate_model(urgent, tmp_path / "run", "no-such-model", request_fields={"x_samples": 0})
+    with pytest.raises(EvalError, match="may not replace"):
+        evaluate_model(urgent, tmp_path / "run", "no-such-model", request_fields={"state": "x"})
+    assert not (tmp_path / "run").exists()
