@@ -44,27 +44,23 @@ def _decide(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import torch
 
-    from slotread.calibrate import calibrate, read_labelled, refuse_overlap
+    from slotread.calibrate import calibrate, refuse_overlap
     from slotread.decider import Decider
+    from slotread.eval.datasets import load_dataset, subset
 
-    questions = _read_request(args.questions)
-    items = read_labelled(args.data, args.text_column, args.label_column)
-    excluded = read_labelled(args.exclude, args.text_column, args.label_column) if args.exclude else []
-    refuse_overlap(items, [item.text for item in excluded], str(args.exclude))  # before loading the model
+    data = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
+    data = subset(data, args.limit, args.sample_seed)
+    exclude = None
+    if args.exclude is not None:
+        exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
+        refuse_overlap(data, exclude)  # before loading the model
     decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
-    fit = calibrate(
-        decider,
-        questions,
-        items,
-        question=args.question,
-        exclude=[item.text for item in excluded],
-        data=str(args.data),
-        excluded=str(args.exclude or ""),
-    )
+    fields = {"x_seed": args.seed, **dict(args.request_field)}
+    fit = calibrate(decider, data, request_fields=fields, exclude=exclude)
     fit.calibration.save(args.out)
     numbers = fit.summary()
     print(
-        f"{decider.name}, schema {fit.calibration.schema[:16]}, {len(items)} items: "
+        f"{decider.name}, schema {fit.calibration.schema[:16]}, {len(data.items)} items: "
         f"temperature {fit.calibration.temperature:.4f} (NLL {numbers['nll_raw']:.4f} -> {numbers['nll_fitted']:.4f}, "
         f"raw accuracy {numbers['accuracy']:.1%}); content-free shifts {sorted(fit.calibration.content_free)}; "
         f"wrote {args.out}"
@@ -251,6 +247,7 @@ def _eval(args: argparse.Namespace) -> int:
                 cache_dir=args.cache_dir,
                 device=args.device,
                 dtype=args.dtype,
+                calibration_dir=args.calibration,
                 progress=not args.no_progress,
             )
     except KeyboardInterrupt:
@@ -308,6 +305,9 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=[],
         metavar="KEY=JSON",
         help="an extra request field, e.g. x_samples=4 or x_calibration=true; repeatable",
+    )
+    evaluate.add_argument(
+        "--calibration", type=Path, help="directory of calibration artifacts (slotread calibrate --out) to serve"
     )
     evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     evaluate.add_argument(
@@ -411,22 +411,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(run=_serve)
 
-    fit = commands.add_parser("calibrate", help="fit one question's calibration on labelled data and write it")
+    fit = commands.add_parser(
+        "calibrate",
+        help="fit one question's calibration (temperature, content-free reads, conformal scores) and write it",
+        description="slotread calibrate --dataset NAME [--split S] [--exclude NAME --exclude-split S] --out FILE",
+    )
     fit.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
     )
     fit.add_argument(
-        "--questions",
-        required=True,
-        help="JSON: a System One body without the state (questions, optional instructions and x_ read options)",
+        "--dataset", required=True, help="banking77, clinc150, sst5, or a labelled .jsonl/.csv file to fit on"
     )
-    fit.add_argument("--question", default=None, help="the question id to calibrate (needed if there are several)")
-    fit.add_argument("--data", type=Path, required=True, help="labelled items to fit on: .csv with a header, or .jsonl")
+    fit.add_argument("--split", help="split of a built-in dataset to fit on (e.g. train; default: its eval split)")
+    fit.add_argument("--question", type=Path, help="question file (a System One question object) for a labelled file")
     fit.add_argument(
-        "--exclude", type=Path, default=None, help="the evaluation split (.csv or .jsonl): refuse data that overlaps it"
+        "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
     )
-    fit.add_argument("--text-column", default="text", help="column or field holding the text (default: text)")
-    fit.add_argument("--label-column", default="label", help="column or field holding the answer (default: label)")
+    fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
+    fit.add_argument(
+        "--data-dir", type=Path, help="folder of the built-in datasets (default: $SLOTREAD_DATA, else ../shared/data)"
+    )
+    fit.add_argument("--limit", type=int, help="fit on a seeded random sample of this many items")
+    fit.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    fit.add_argument("--seed", type=int, default=0, help="x_seed of every request (default 0)")
+    fit.add_argument(
+        "--request-field",
+        type=_request_field,
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)",
+    )
     fit.add_argument("--out", type=Path, required=True, help="the artifact to write (a JSON file)")
     fit.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
     fit.add_argument(

@@ -7,52 +7,44 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slotread.calibrate import LabelledItem, calibrate, read_labelled
+from slotread.calibrate import calibrate
 from slotread.cli import main
 from slotread.core.aggregate import softmax
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
+from slotread.eval.datasets import Dataset, Item, Task
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import Calibration
 from slotread.quality.calibration import T_MAX, T_MIN, mean_nll
 
-QUESTIONS: dict[str, Any] = {
-    "questions": {
-        "intent": {
-            "type": "choice",
-            "instructions": "What does the customer want?",
-            "criteria": {"refund": "money back", "card": "a new or missing card", "other": None},
-        }
-    }
+QUESTION: dict[str, Any] = {
+    "type": "choice",
+    "instructions": "What does the customer want?",
+    "criteria": {"refund": "money back", "card": "a new or missing card", "other": None},
 }
-ITEMS = [
-    LabelledItem("a", "I want my money back for this order.", "refund"),
-    LabelledItem("b", "My card never arrived.", "card"),
-    LabelledItem("c", "What are your opening hours?", "other"),
-    LabelledItem("d", "Please refund the double charge.", "refund"),
-    LabelledItem("e", "I lost my card yesterday.", "card"),
-]
+TASK = Task("choice", QUESTION, ("refund", "card", "other"))
+DATA = Dataset(
+    "train.csv",
+    None,
+    TASK,
+    (
+        Item("a", "I want my money back for this order.", 0),
+        Item("b", "My card never arrived.", 1),
+        Item("c", "What are your opening hours?", 2),
+    ),
+)
 
 
-def test_labelled_items_come_from_csv_or_jsonl(tmp_path: Path) -> None:
-    (tmp_path / "d.csv").write_text('text,category\n"Hi, there",refund\n')
-    (tmp_path / "d.jsonl").write_text('{"id": 7, "text": "Hi", "label": true}\n\n')
-    (item,) = read_labelled(tmp_path / "d.csv", label_column="category")
-    assert item.text == "Hi, there" and item.label == "refund" and item.id.startswith("sha256:")
-    assert read_labelled(tmp_path / "d.jsonl") == [LabelledItem("7", "Hi", True)]
-    with pytest.raises(InvalidRequest, match="no 'label' column"):
-        read_labelled(tmp_path / "d.csv")
-
-
-def test_a_fit_holds_the_temperature_content_free_reads_and_what_it_was_fitted_on(smollm2: LoadedModel) -> None:
+def test_a_fit_holds_the_temperature_content_free_reads_and_conformal_scores(smollm2: LoadedModel) -> None:
     decider = Decider(smollm2)
-    fit = calibrate(decider, {**QUESTIONS, "x_permutations": 2}, ITEMS[:3], data="train.csv")
+    fit = calibrate(decider, DATA, request_fields={"x_permutations": 2})
     artifact = fit.calibration
     assert fit.logits.shape == (3, 2, 3) and fit.gold.tolist() == [0, 1, 2]
     # the raw reads are the ones a plain request makes
-    plain = decider.answer({**QUESTIONS, "state": ITEMS[0].text, "x_permutations": 2}).answers["intent"]
+    body = {"state": DATA.items[0].state, "questions": {"answer": QUESTION}, "x_permutations": 2}
+    plain = decider.answer(body).answers["answer"]
     assert plain is not None and np.stack([r.logits for r in plain.reads]) == pytest.approx(fit.logits[0])
-    # the fitted temperature is the NLL's minimum
+    # the fitted temperature is the NLL's minimum (SmolLM2 may push it to a bound)
     temperature = artifact.temperature
     assert temperature is not None
     best = mean_nll(fit.logits, fit.gold, temperature)
@@ -75,31 +67,32 @@ def test_a_fit_holds_the_temperature_content_free_reads_and_what_it_was_fitted_o
     assert artifact.conformal["contextual"] == pytest.approx(1 - contextual[items, fit.gold])
 
 
-def test_overlapping_data_and_unknown_labels_are_refused_before_reading(smollm2: LoadedModel) -> None:
+def test_overlapping_data_and_per_item_questions_are_refused_before_reading(smollm2: LoadedModel) -> None:
     decider = Decider(smollm2)
+    test = Dataset("banking77", "test", TASK, (Item("0", "  my CARD never arrived. ", 1),))
     with pytest.raises(InvalidRequest) as caught:
-        calibrate(decider, QUESTIONS, ITEMS, exclude=["  my CARD never arrived. "], excluded="test.csv")
+        calibrate(decider, DATA, exclude=test)
     (problem,) = caught.value.detail
-    assert problem["loc"] == ["data"] and "1 of 5 items also appear in the excluded split test.csv" in problem["msg"]
-    with pytest.raises(InvalidRequest) as caught:
-        calibrate(decider, QUESTIONS, [*ITEMS, LabelledItem("f", "?", "Refund")])
-    assert [d["loc"] for d in caught.value.detail] == [["data", 5, "label"]]
-    with pytest.raises(InvalidRequest, match="name the one"):
-        calibrate(decider, {"questions": {**QUESTIONS["questions"], "b": {"type": "noul"}}}, ITEMS)
+    assert problem["loc"] == ["data"] and "1 of 3 items of train.csv also appear in banking77 test" in problem["msg"]
+    boolq = Dataset("boolq", "dev", Task("noul", {"type": "noul"}, ("yes", "no")), (Item("0", "p", 0, "q?"),))
+    with pytest.raises(InvalidRequest, match="ask each their own question"):
+        calibrate(decider, boolq)
 
 
 def test_the_command_writes_the_artifact_and_refuses_overlap_with_exit_2(
     smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "q.json").write_text(json.dumps(QUESTIONS))
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(vars(item)) + "\n" for item in ITEMS[:2]))
+    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
+    rows = [{"id": item.id, "text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items[:2]]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (tmp_path / "test.csv").write_text("text,label\nMy card never arrived.,card\n")
-    command = ["--cache-dir", str(cache_dir), "calibrate", "--model", smollm2.name, "--questions"]
-    command += [str(tmp_path / "q.json"), "--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "cal.json")]
+    command = ["--cache-dir", str(cache_dir), "calibrate", "--model", smollm2.name, "--question"]
+    command += [str(tmp_path / "q.json"), "--dataset", str(tmp_path / "train.jsonl")]
+    command += ["--out", str(tmp_path / "cal.json"), "--request-field", "x_permutations=2"]
     assert main([*command, "--exclude", str(tmp_path / "test.csv")]) == 2
     captured = capsys.readouterr()
-    assert "excluded split" in captured.err and not (tmp_path / "cal.json").exists()
+    assert "also appear in" in captured.err and not (tmp_path / "cal.json").exists()
     assert main(command) == 0
     assert "wrote" in capsys.readouterr().out
     artifact = Calibration.load(tmp_path / "cal.json")
-    assert artifact.fitted_on["items"] == 2 and artifact.temperature is not None
+    assert artifact.fitted_on["items"] == 2 and artifact.permutations == 2 and artifact.temperature is not None

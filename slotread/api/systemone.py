@@ -138,8 +138,8 @@ def _options(wire: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> tuple[Optio
     return tuple(Option(str(i), render_text(level)) for i, level in enumerate(wire.criteria))
 
 
-def answer_name(question: Question, value: str | bool | int) -> str | None:
-    """The option name an answer value denotes (as ``ask_if`` gives them), or None if it denotes none."""
+def _answer_name(question: Question, value: str | bool | int) -> str | None:
+    """The option name an ``ask_if`` value denotes, or None if it denotes none."""
     if question.kind == "noul":
         named = {True: "yes", False: "no", "yes": "yes", "no": "no"}
         return named.get(value) if isinstance(value, bool | str) else None
@@ -169,7 +169,7 @@ def _question(
             continue
         if not values:
             problems.append(_problem(["questions", qid, "ask_if", target], "list at least one answer"))
-        names = [answer_name(earlier[target], v) for v in values]
+        names = [_answer_name(earlier[target], v) for v in values]
         for index, (value, name) in enumerate(zip(values, names, strict=True)):
             if name is None:
                 msg = f"{value!r} is not an answer of question {target!r}"

@@ -162,12 +162,15 @@ def evaluate_model(
     cache_dir: Path | None = None,
     device: str = "cpu",
     dtype: Literal["bfloat16", "float32"] = "bfloat16",
+    calibration_dir: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
 
     Every request carries ``x_seed=seed`` and ``request_fields``. The first item's request is
     checked before the model loads, so a bad field or question fails at once (InvalidRequest).
+    ``calibration_dir`` (recorded in run.json when given) holds the calibration artifacts the loaded
+    Decider serves (``x_calibration: temperature``, ``x_coverage``).
     """
     fields = {"x_seed": seed, **(request_fields or {})}
     if {"state", "questions"} & fields.keys():
@@ -184,7 +187,12 @@ def evaluate_model(
 
         from slotread.decider import Decider
 
-        decider = Decider(model, cache_dir=cache_dir, device=device, dtype=getattr(torch, dtype))
+        decider = Decider(
+            model, cache_dir=cache_dir, device=device, dtype=getattr(torch, dtype), calibration_dir=calibration_dir
+        )
         return DeciderPredictor(decider, dataset.task, fields)
 
-    return run(dataset, out, run_info(dataset, system, fields), load, progress=progress)
+    info = run_info(dataset, system, fields)
+    if calibration_dir is not None:
+        info["calibration_dir"] = str(calibration_dir)
+    return run(dataset, out, info, load, progress=progress)

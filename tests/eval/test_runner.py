@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slotread.calibrate import calibrate
+from slotread.core.aggregate import softmax
 from slotread.decider import Decider
 from slotread.errors import EvalError, InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task, load_dataset
@@ -156,3 +158,29 @@ def test_a_bad_request_field_is_refused_before_anything_runs(urgent: Dataset, tm
     with pytest.raises(EvalError, match="may not replace"):
         evaluate_model(urgent, tmp_path / "run", "no-such-model", request_fields={"state": "x"})
     assert not (tmp_path / "run").exists()
+
+
+def test_a_calibration_directory_is_served_and_recorded(
+    smollm2: LoadedModel, cache_dir: Path, urgent: Dataset, tmp_path: Path
+) -> None:
+    artifacts = tmp_path / "calibration"
+    fit = calibrate(Decider(smollm2), urgent)
+    fit.calibration.save(artifacts / "urgent.json")
+    out = tmp_path / "run"
+    fields = {"x_calibration": "temperature"}
+    evaluate_model(
+        urgent,
+        out,
+        smollm2.name,
+        request_fields=fields,
+        cache_dir=cache_dir,
+        dtype="float32",  # as the smollm2 fixture loads it
+        calibration_dir=artifacts,
+        progress=False,
+    )
+    assert json.loads((out / "run.json").read_text())["calibration_dir"] == str(artifacts)
+    rows = list(csv.DictReader((out / "predictions.csv").read_text().splitlines()))
+    temperature = fit.calibration.temperature
+    assert temperature is not None
+    p = softmax(fit.logits[0, 0] / temperature)  # the first item's one read, scaled
+    assert float(rows[0]["p:yes"]) == pytest.approx(p[0], abs=1e-5)
