@@ -133,8 +133,14 @@ class CalibrationStore:
             self._learned[found.schema] = merged
             while len(self._learned) > MAX_LEARNED:
                 self._learned.popitem(last=False)
-            if self.directory is not None:
+            if self.directory is None:
+                return
+            try:
                 self._persist(found)
+            except (OSError, CalibrationError) as exc:  # the answer does not need the file: say so, go on
+                logger.warning(
+                    "content-free reads of schema %s not written to %s: %s", found.schema, self.directory, exc
+                )
 
     def _persist(self, found: Calibration) -> None:
         loaded = self._artifacts.get(found.schema)

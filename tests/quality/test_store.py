@@ -105,3 +105,11 @@ def test_without_a_directory_content_free_reads_stay_in_memory() -> None:
     store.learn_content_free(artifact(content_free={0: np.array([0.6, 0.4])}))
     store.learn_content_free(artifact(content_free={1: np.array([0.2, 0.8])}))
     assert {s: p.tolist() for s, p in store.content_free("ab" * 32).items()} == {0: [0.6, 0.4], 1: [0.2, 0.8]}
+
+
+def test_a_failed_write_back_is_logged_and_the_reads_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = CalibrationStore("m", tmp_path)
+    store.directory_path("ab" * 32).write_text("{broken")  # appeared after start-up
+    store.learn_content_free(artifact(content_free={0: np.array([0.6, 0.4])}))
+    assert store.content_free("ab" * 32)[0].tolist() == [0.6, 0.4]
+    assert "not written" in caplog.text and "cannot read it as JSON" in caplog.text
