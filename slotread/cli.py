@@ -272,6 +272,24 @@ def _eval_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_item_arguments(parser: argparse.ArgumentParser, verb: str, request_field_help: str) -> None:
+    """The flags ``eval`` and ``calibrate`` share: where the items come from and how each is asked."""
+    parser.add_argument(
+        "--data-dir", type=Path, help="folder of the built-in datasets (default: $SLOTREAD_DATA, else ../shared/data)"
+    )
+    parser.add_argument("--limit", type=int, help=f"{verb} a seeded random sample of this many items")
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="x_seed of every request (default 0)")
+    parser.add_argument(
+        "--request-field",
+        type=_request_field,
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help=request_field_help,
+    )
+
+
 def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     evaluate = commands.add_parser(
         "eval",
@@ -292,19 +310,8 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument(
         "--train", help="train file for the baseline on a labelled file (built-ins use their train split)"
     )
-    evaluate.add_argument(
-        "--data-dir", type=Path, help="folder of the built-in datasets (default: $SLOTREAD_DATA, else ../shared/data)"
-    )
-    evaluate.add_argument("--limit", type=int, help="evaluate a seeded random sample of this many items")
-    evaluate.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
-    evaluate.add_argument("--seed", type=int, default=0, help="x_seed of every request (default 0)")
-    evaluate.add_argument(
-        "--request-field",
-        type=_request_field,
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="an extra request field, e.g. x_samples=4 or x_calibration=true; repeatable",
+    _add_item_arguments(
+        evaluate, "evaluate", "an extra request field, e.g. x_samples=4 or x_calibration=true; repeatable"
     )
     evaluate.add_argument(
         "--calibration", type=Path, help="directory of calibration artifacts (slotread calibrate --out) to serve"
@@ -428,19 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
     )
     fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
-    fit.add_argument(
-        "--data-dir", type=Path, help="folder of the built-in datasets (default: $SLOTREAD_DATA, else ../shared/data)"
-    )
-    fit.add_argument("--limit", type=int, help="fit on a seeded random sample of this many items")
-    fit.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
-    fit.add_argument("--seed", type=int, default=0, help="x_seed of every request (default 0)")
-    fit.add_argument(
-        "--request-field",
-        type=_request_field,
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)",
+    _add_item_arguments(
+        fit, "fit on", "a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)"
     )
     fit.add_argument("--out", type=Path, required=True, help="the artifact to write (a JSON file)")
     fit.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
