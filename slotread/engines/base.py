@@ -41,13 +41,16 @@ class ReadRequest:
     """One read: prompt segments, the canvas, its slots, and the noise seed (diffusion only).
 
     ``seed=None`` reads the canvas exactly as given: a caller that noised it already (the engine
-    server, receiving a vLLM seed canvas) must not have it noised twice.
+    server, receiving a vLLM seed canvas) must not have it noised twice. ``hidden=True`` asks for each
+    slot's final hidden state too (``SlotScores.hidden``; in-process engines only, a remote engine
+    returns none).
     """
 
     prompt: tuple[tuple[int, ...], ...]
     canvas: tuple[int, ...]
     slots: tuple[Slot, ...]
     seed: int | None = 0
+    hidden: bool = False
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:
@@ -65,6 +68,10 @@ class SlotScores:
     ``argmax_id[i]`` and ``argmax_logit[i]`` are that argmax token and its logit, and
     ``log_normalizer[i]`` the logsumexp of the slot's full-vocabulary logits, so that
     ``logit - log_normalizer`` is a token's log-probability (what a vLLM-style engine server returns).
+    ``hidden[i]``, when the request asked for it, is slot i's final hidden state in float32: the
+    vector the output embedding (``lm_head``) sees at the row that reads the slot, after the final
+    norm, so that the engine's head transform (``lm_head``, then any logit scale or softcap) of it
+    gives the slot's logits. Learned readouts (``slotread.quality.readout``) use it as features.
     """
 
     logits: tuple[np.ndarray, ...]
@@ -73,6 +80,7 @@ class SlotScores:
     argmax_id: tuple[int, ...]
     argmax_logit: tuple[float, ...]
     log_normalizer: tuple[float, ...]
+    hidden: tuple[np.ndarray, ...] | None = None
 
 
 class Engine(Protocol):

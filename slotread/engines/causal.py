@@ -18,7 +18,7 @@ would copy the shared prefix once per branch for prompts that are not read again
    batch (a prefix shared by every row is an ``expand`` view, not a copy), its new tokens right-padded,
    a 2D attention mask and per-row position ids, so each row computes what it computes alone;
 4. keeps the KV of the boundary prefixes each row passed, and applies ``lm_head`` only at the rows
-   that are read.
+   that are read (whose final hidden states a request with ``hidden=True`` gets back).
 
 Tolerance: a result does not depend on the other requests of the call, on the chunking or on the
 cache state beyond float32 rounding, which CPU matmul kernels do differently for different batch
@@ -41,7 +41,7 @@ from transformers.cache_utils import DynamicLayer
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
-from slotread.engines.scores import score_slots
+from slotread.engines.scores import score_slots, with_hidden
 from slotread.errors import ModelLoadError, PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -213,9 +213,14 @@ class CausalEngine:
                     last_hidden = self._extend(chunk, known)  # (B, H)
                     read = [(r, row.request) for r, row in enumerate(chunk) if row.request is not None]
                     if read:
-                        logits = self._logits(last_hidden[[r for r, _ in read]])  # (R, V) float32
+                        at_reads = last_hidden[[r for r, _ in read]]  # (R, H)
                         slots = [requests[index].slots for _, index in read]
-                        for (_, index), result in zip(read, score_slots(logits, slots), strict=True):
+                        results = score_slots(self._logits(at_reads), slots)  # logits (R, V) float32
+                        wanted = [requests[index].hidden for _, index in read]
+                        if any(wanted):  # every slot of a request reads the same row
+                            counts = torch.tensor([len(s) for s in slots], device=at_reads.device)
+                            results = with_hidden(results, at_reads.repeat_interleave(counts, dim=0), wanted)
+                        for (_, index), result in zip(read, results, strict=True):
                             scores[index] = result
         return [scores[index] for index in range(len(requests))]
 

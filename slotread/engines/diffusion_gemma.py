@@ -16,7 +16,8 @@ is no mask token: the model was trained to denoise uniform random token ids. A r
    each row attends separately to its own prompt tokens after it and to its canvas
    (``gemma_forward.decode``, one step, no self-conditioning);
 4. applies ``lm_head`` to the hidden states at the slots only, then the final softcap
-   ``cap * tanh(x / cap)`` in float32, and keeps each slot's label logits.
+   ``cap * tanh(x / cap)`` in float32, and keeps each slot's label logits (and, for a request with
+   ``hidden=True``, the slot's hidden state).
 
 The library's own ``forward`` builds float32 logits over all 262,144 ids at every canvas position
 and copies the prompt's KV into every row of a batch in every layer; steps 3 and 4 do neither. Its
@@ -51,7 +52,7 @@ from slotread.engines.decoder_graphs import DecoderGraphs
 from slotread.engines.gemma_forward import OwnPrompt, SharedPart, decode, encode
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
-from slotread.engines.scores import score_slot_rows
+from slotread.engines.scores import score_slot_rows, with_hidden
 from slotread.errors import PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -150,8 +151,12 @@ class DiffusionGemmaEngine:
             for start in range(0, len(order), self.max_canvases):
                 chunk = order[start : start + self.max_canvases]
                 batch = [requests[i] for i in chunk]
-                logits = self._slot_logits(batch, [reads[i] for i in chunk])
-                for index, result in zip(chunk, score_slot_rows(logits, [r.slots for r in batch]), strict=True):
+                logits, hidden = self._slot_logits(batch, [reads[i] for i in chunk])  # (S, V), (S, H)
+                results = score_slot_rows(logits, [r.slots for r in batch])
+                wanted = [r.hidden for r in batch]
+                if any(wanted):
+                    results = with_hidden(results, hidden, wanted)
+                for index, result in zip(chunk, results, strict=True):
                     scores[index] = result
         return [scores[index] for index in range(len(requests))]
 
@@ -266,8 +271,9 @@ class DiffusionGemmaEngine:
         skip = max(0, (length - window) - (split - min(split, window)))
         return _Read(shared, full, split, length, skip, (id(shared), skip, length - split, request.prompt_ids))
 
-    def _slot_logits(self, batch: list[ReadRequest], reads: list[_Read]) -> torch.Tensor:
-        """Float32 logits (S, V) at every slot of ``batch``, in request then slot order."""
+    def _slot_logits(self, batch: list[ReadRequest], reads: list[_Read]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 logits (S, V) at every slot of ``batch``, in request then slot order, and the decoder's
+        final hidden states (S, H) they come from (after the final norm, on the eager and graph paths alike)."""
         device = self._model.device
         columns = max(len(request.canvas) for request in batch)  # C: the padded canvas width
         canvases, positions, canvas_bias = [], [], []
@@ -302,7 +308,7 @@ class DiffusionGemmaEngine:
         cols = [slot.position for request in batch for slot in request.slots]
         at_slots = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]  # (S, H)
         logits = self._head(at_slots).to(torch.float32)  # (S, V)
-        return self._softcap * torch.tanh(logits / self._softcap)
+        return self._softcap * torch.tanh(logits / self._softcap), at_slots
 
     def _shared_parts(self, reads: list[_Read]) -> list[SharedPart]:
         """One part per run of rows reading the same shared KV from the same place."""

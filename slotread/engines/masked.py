@@ -16,7 +16,8 @@ token after it and cannot be reused by a read that continues it differently.
 Only the read rows reach the vocabulary: while the model runs, a forward pre-hook on its output
 embedding (the ``lm_head`` or decoder ``Linear``) keeps the hidden states at the read positions and
 drops the rest, so the model's own head transform runs, and the (B, T, V) logits are never built (a
-512-token BERT batch of 16 would need 1 GB for them). At construction a probe checks that these
+512-token BERT batch of 16 would need 1 GB for them). What the hook kept is the slot's hidden state a
+request with ``hidden=True`` gets back (for BERT, after its prediction head's transform and norm). At construction a probe checks that these
 logits equal the model's full ones; a model whose logits do not come from its output embedding row
 by row is refused.
 
@@ -40,7 +41,7 @@ import torch
 from transformers import PreTrainedModel
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
-from slotread.engines.scores import score_slot_rows
+from slotread.engines.scores import score_slot_rows, with_hidden
 from slotread.errors import ModelLoadError, PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -123,13 +124,17 @@ class MaskedEngine:
         with torch.inference_mode():
             for start in range(0, len(order), self.max_batch_rows):
                 chunk = order[start : start + self.max_batch_rows]
-                logits = self._read_logits([rows[i] for i in chunk])  # (S, V)
+                logits, hidden = self._read_logits([rows[i] for i in chunk])  # (S, V), (S, H)
                 results = score_slot_rows(logits, [requests[i].slots for i in chunk])
+                wanted = [requests[i].hidden for i in chunk]
+                if any(wanted):
+                    results = with_hidden(results, hidden, wanted)
                 scores.update(zip(chunk, results, strict=True))
         return [scores[index] for index in range(len(requests))]
 
-    def _read_logits(self, rows: list[_Row]) -> torch.Tensor:
-        """Float32 logits (S, V) at every read position of ``rows``, in row then slot order."""
+    def _read_logits(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 logits (S, V) at every read position of ``rows``, in row then slot order, and the
+        hidden states (S, H) the output embedding saw there."""
         device = self._model.device
         width = max(len(row.ids) for row in rows)  # T
         # Any id can fill the padding (the attention mask hides it); the mask id is always in range.
@@ -138,17 +143,23 @@ class MaskedEngine:
         mask = padding if self.adapter.attention_mask == "2d" else padding.bool()[:, None, None, :]  # (B, 1, 1, T)
         batch = torch.tensor([r for r, row in enumerate(rows) for _ in row.reads], device=device)
         positions = torch.tensor([p for row in rows for p in row.reads], device=device)
-        with self._head_reads(batch, positions):
+        seen: list[torch.Tensor] = []
+        with self._head_reads(batch, positions, seen):
             logits = self._model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (S, V)
-        return logits.float()
+        return logits.float(), seen[0]
 
     @contextmanager
-    def _head_reads(self, batch: torch.Tensor, positions: torch.Tensor) -> Iterator[None]:
+    def _head_reads(
+        self, batch: torch.Tensor, positions: torch.Tensor, seen: list[torch.Tensor] | None = None
+    ) -> Iterator[None]:
         """While open, the output embedding sees only the hidden states at (batch[i], positions[i]):
-        its input (B, T, H) becomes (S, H), so the model returns logits (S, V)."""
+        its input (B, T, H) becomes (S, H), so the model returns logits (S, V); ``seen`` receives that input."""
 
         def keep_reads(_: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-            return (args[0][batch, positions], *args[1:])
+            kept = args[0][batch, positions]
+            if seen is not None:
+                seen.append(kept)
+            return (kept, *args[1:])
 
         handle = self._head.register_forward_pre_hook(keep_reads)
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import numpy as np
 import torch
@@ -53,6 +53,24 @@ def score_slot_rows(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> 
     results = []
     for request_slots in slots:
         parts = [next(per_slot) for _ in request_slots]
-        values = {field.name: tuple(getattr(part, field.name)[0] for part in parts) for field in fields(SlotScores)}
+        values = {
+            field.name: tuple(getattr(part, field.name)[0] for part in parts)
+            for field in fields(SlotScores)
+            if field.name != "hidden"
+        }
         results.append(SlotScores(**values))
+    return results
+
+
+def with_hidden(scores: list[SlotScores], hidden: torch.Tensor, wanted: Sequence[bool]) -> list[SlotScores]:
+    """``scores`` with ``SlotScores.hidden`` set for the requests that want it, from ``hidden`` (S, H):
+    the hidden state that reads each slot of each request, in request then slot order, float32."""
+    rows = hidden.float().cpu().numpy()  # (S, H)
+    results, offset = [], 0
+    for result, wants in zip(scores, wanted, strict=True):
+        count = len(result.logits)
+        if wants:
+            result = replace(result, hidden=tuple(row.copy() for row in rows[offset : offset + count]))
+        results.append(result)
+        offset += count
     return results

@@ -310,3 +310,31 @@ def test_real_smollm2_branches_equal_full_forwards(smollm2) -> None:
     alone = [CausalEngine(model).read([request])[0] for request in requests]
     scale = max(float(np.abs(result.logits[0]).max()) for result in scores)
     assert max_difference(alone, scores) <= 2e-6 * scale
+
+
+def test_a_hidden_read_returns_the_state_its_label_logits_come_from(model, ids) -> None:
+    """lm_head of the returned hidden state, then the model's softcap, gives the returned label logits."""
+    requests = [
+        ReadRequest(prompt=(ids(10), ids(6)), canvas=(*ids(4), 0), slots=(Slot(4, (1, 2, 3)),), hidden=True),
+        ReadRequest(prompt=(ids(17),), canvas=ids(9), slots=(Slot(5, (10, 11)), Slot(5, (12, 13))), hidden=True),
+        ReadRequest(prompt=(ids(4), ids(3)), canvas=ids(2), slots=(Slot(0, (40, 41, 42)),)),
+    ]
+    results = CausalEngine(model).read(requests)
+
+    assert results[2].hidden is None
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    for request, result in zip(requests[:2], results[:2], strict=True):
+        assert result.hidden is not None and len(result.hidden) == len(request.slots)
+        for slot, hidden, logits in zip(request.slots, result.hidden, result.logits, strict=True):
+            assert hidden.dtype == np.float32 and hidden.shape == (model.config.hidden_size,)
+            with torch.inference_mode():
+                again = model.get_output_embeddings()(torch.from_numpy(hidden)).float()
+            if cap:
+                again = cap * torch.tanh(again / cap)
+            np.testing.assert_allclose(again[list(slot.label_ids)].numpy(), logits, atol=1e-5, rtol=0)
+    # the hidden state is the model's own final (normed) hidden state at the read row
+    fed = requests[0].prompt_ids + requests[0].canvas[:4]
+    with torch.inference_mode():
+        states = model(input_ids=torch.tensor([fed]), output_hidden_states=True).hidden_states
+    assert results[0].hidden is not None
+    np.testing.assert_allclose(results[0].hidden[0], states[-1][0, -1].numpy(), atol=1e-5, rtol=0)

@@ -6,6 +6,7 @@ The engine knows token ids only, so random ids stand in for prompts, canvases an
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -234,3 +235,24 @@ def test_deterministic_mode_reads_the_same_bits_alone_in_a_batch_and_from_the_ca
     again = engine.read([mine])[0]  # the whole prompt cached
     assert max_difference(alone, mixed) == 0.0
     assert max_difference(alone, again) == 0.0
+
+
+def test_a_hidden_read_returns_the_state_its_label_logits_come_from(
+    model: DiffusionGemmaForBlockDiffusion, ids: Draw
+) -> None:
+    """lm_head then the final softcap 30 tanh(x / 30) of the returned hidden states give the label logits."""
+    requests = [
+        replace(make_request(ids, (12, 20), canvas=6, positions=(0, 3, 5), seed=1), hidden=True),
+        make_request(ids, (9,), canvas=4, positions=(1,), seed=2),
+        replace(make_request(ids, (5,), canvas=3, positions=(2,), seed=3), hidden=True),
+    ]
+    results = DiffusionGemmaEngine(model).read(requests)
+
+    assert results[1].hidden is None
+    cap = model.config.text_config.final_logit_softcapping
+    for request, result in zip(requests[::2], results[::2], strict=True):
+        assert result.hidden is not None and len(result.hidden) == len(request.slots)
+        with torch.inference_mode():
+            again = cap * torch.tanh(model.lm_head(torch.from_numpy(np.stack(result.hidden))).float() / cap)
+        for slot, row, logits in zip(request.slots, again, result.logits, strict=True):
+            np.testing.assert_allclose(row[list(slot.label_ids)].numpy(), logits, atol=1e-5, rtol=0)

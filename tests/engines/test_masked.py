@@ -7,6 +7,7 @@ The engine knows token ids only, so random ids stand in for prompts, canvases an
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +187,25 @@ def test_a_decision_on_a_masked_model(name: str, request: pytest.FixtureRequest)
             assert 0 <= answer["confidence"] <= 1
         assert all(answer["x_reads"] == 1 and 0 < answer["x_label_mass"] <= 1 for answer in got.values())
         assert response["usage"]["output_tokens"] == 3
+
+
+def test_a_hidden_read_returns_the_state_its_label_logits_come_from(loaded: LoadedModel, ids: Draw) -> None:
+    """The output embedding applied to the returned hidden states gives the returned label logits."""
+    engine = engine_for(loaded, max_batch_rows=2)
+    plain = make_request(ids, (7,), canvas=5, positions=(2,))
+    asked = [
+        make_request(ids, (5,), canvas=6, positions=(0, 3, 5)),
+        make_request(ids, (12, 9), canvas=4, positions=(1,)),
+    ]
+    requests = [replace(asked[0], hidden=True), plain, replace(asked[1], hidden=True)]
+
+    results = engine.read(requests)
+
+    assert results[1].hidden is None
+    head = loaded.model.get_output_embeddings()
+    for request, result in zip(requests[::2], results[::2], strict=True):
+        assert result.hidden is not None and len(result.hidden) == len(request.slots)
+        with torch.inference_mode():
+            again = head(torch.from_numpy(np.stack(result.hidden))).float()  # (slots, V)
+        for slot, row, logits in zip(request.slots, again, result.logits, strict=True):
+            np.testing.assert_allclose(row[list(slot.label_ids)].numpy(), logits, atol=1e-5, rtol=0)
