@@ -16,10 +16,10 @@ token after it and cannot be reused by a read that continues it differently.
 Only the read rows reach the vocabulary: while the model runs, a forward pre-hook on its output
 embedding (the ``lm_head`` or decoder ``Linear``) keeps the hidden states at the read positions and
 drops the rest, so the model's own head transform runs, and the (B, T, V) logits are never built (a
-512-token BERT batch of 16 would need 1 GB for them). What the hook kept is the slot's hidden state a
-request with ``hidden=True`` gets back (for BERT, after its prediction head's transform and norm). At construction a probe checks that these
+512-token BERT batch of 16 would need 1 GB for them). At construction a probe checks that these
 logits equal the model's full ones; a model whose logits do not come from its output embedding row
-by row is refused.
+by row is refused. What the hook kept is the slot's hidden state that a request with ``hidden=True``
+gets back (for BERT, after its prediction head's transform and norm).
 
 What differs between checkpoints (mask id, read offset, the attention mask's form) comes in a
 ``MaskedAdapter`` built from the checkpoint's config (``slotread.models.masked_adapter``); the reader
