@@ -29,6 +29,7 @@ from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Renderer
 from slotread.quality.answering import decide_calibrated
+from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,9 @@ class Decider:
 
     ``calibration_dir`` holds calibration artifacts (``slotread calibrate``); those of this model are
     loaded (CalibrationError if one is unreadable), and content-free distributions read while
-    answering ``x_calibration: contextual`` are written back to it.
+    answering ``x_calibration: contextual`` are written back to it. ``readout_dir`` holds learned
+    readouts (``slotread fit``) that requests with ``x_readout`` answer with; with upstreams only
+    those fitted on label logits alone can answer (a remote engine returns no hidden states).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class Decider:
         max_permutations: int = systemone.DEFAULT_MAX_PERMUTATIONS,
         max_prompt_tokens: int | None = None,
         calibration_dir: Path | None = None,
+        readout_dir: Path | None = None,
     ) -> None:
         if upstreams:
             if isinstance(model, LoadedModel):
@@ -119,6 +123,7 @@ class Decider:
         self.max_prompt_tokens = max_prompt_tokens
         try:
             self.calibrations = CalibrationStore(self.name, calibration_dir)
+            self.readouts = ReadoutStore(self.name, readout_dir, hidden_states=not upstreams)
         except CalibrationError:
             self.close()
             raise
@@ -154,5 +159,7 @@ class Decider:
             max_options=self.max_options,
             max_permutations=self.max_permutations,
         )
-        result = decide_calibrated(decision, self.engine, self.renderer, self.calibrations, self.max_prompt_tokens)
+        result = decide_calibrated(
+            decision, self.engine, self.renderer, self.calibrations, self.max_prompt_tokens, self.readouts
+        )
         return wire, result

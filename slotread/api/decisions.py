@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
 from slotread.core.answers import choice_confidence
 from slotread.core.questions import CalibrationMethod
@@ -122,6 +122,7 @@ class DecisionsRequest(_Wire):
     x_permutations: StrictInt | None = None
     x_calibration: CalibrationMethod | None = None
     x_coverage: StrictFloat | None = None
+    x_readout: StrictBool | None = None
 
     @field_validator("questions")
     @classmethod
@@ -169,7 +170,7 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
-    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration", "x_coverage"):
+    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration", "x_coverage", "x_readout"):
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)
     return body

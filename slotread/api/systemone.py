@@ -102,6 +102,7 @@ class SystemOneRequest(BaseModel):
     x_permutations: StrictInt | None = None
     x_calibration: CalibrationMethod | None = None
     x_coverage: StrictFloat | None = None
+    x_readout: StrictBool | None = None
 
     @field_validator("questions")
     @classmethod
@@ -227,6 +228,8 @@ def to_decision(
             "x_coverage needs x_calibration 'none', 'contextual' or 'temperature': batch calibration moves with traffic"
         )
         problems.append(_problem(["x_coverage"], msg))
+    if request.x_readout:
+        problems += _readout_problems(request, permutations)
     questions: dict[str, Question] = {}
     for qid, wire in request.questions.items():
         questions[qid], found = _question(qid, wire, questions)
@@ -247,7 +250,23 @@ def to_decision(
         permutations=permutations,
         calibration=request.x_calibration or "none",
         coverage=coverage,
+        readout=bool(request.x_readout),
     )
+
+
+def _readout_problems(request: SystemOneRequest, permutations: int) -> list[ErrorDetail]:
+    """What ``x_readout`` cannot be combined with: a readout is fitted on one isolated read per draw under
+    the listed option order, and is itself calibrated (x_samples averages its answer over the draws)."""
+    problems = []
+    if permutations > 1:
+        problems.append(_problem(["x_permutations"], "x_readout reads each question under one assignment: ask 1"))
+    if request.x_calibration not in (None, "none"):
+        problems.append(_problem(["x_calibration"], "x_readout answers with a head calibrated in its fit: ask 'none'"))
+    if request.x_coverage is not None:
+        problems.append(_problem(["x_coverage"], "x_readout has no conformal scores: leave x_coverage out"))
+    if request.x_joint or request.joint:
+        problems.append(_problem(["x_joint"], "x_readout reads each question on its own: leave joint reads off"))
+    return problems
 
 
 def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> dict[str, Any]:

@@ -39,12 +39,14 @@ def score_confidence(probabilities: np.ndarray) -> float:
 @dataclass(frozen=True)
 class Read:
     """One read of a question's slot: its label logits in option order (whatever labels the options
-    were listed under), the assignment's cyclic ``shift`` (``core.assignments``), and the vocabulary
-    probability that fell on the labels at all."""
+    were listed under), the assignment's cyclic ``shift`` (``core.assignments``), the vocabulary
+    probability that fell on the labels at all, and, for a decision read for a learned readout, the
+    slot's final hidden state (None otherwise, or from an engine that returns none)."""
 
     shift: int
     logits: np.ndarray
     label_mass: float
+    hidden: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -112,9 +112,11 @@ def _seed(request_seed: int, draw: int, rendered: Rendered) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
-def _read(engine: Engine, units: list[_Unit], seed: int, draws: range) -> None:
+def _read(engine: Engine, units: list[_Unit], seed: int, draws: range, hidden: bool = False) -> None:
     """Read ``draws`` for every unit in one engine call and append the scores to each unit."""
-    requests: list[ReadRequest] = [u.rendered.with_seed(_seed(seed, d, u.rendered)) for u in units for d in draws]
+    requests: list[ReadRequest] = [
+        u.rendered.with_seed(_seed(seed, d, u.rendered), hidden) for u in units for d in draws
+    ]
     scores = engine.read(requests)
     for index, unit in enumerate(units):
         unit.scores += scores[index * len(draws) : (index + 1) * len(draws)]
@@ -130,7 +132,13 @@ def _answers(units: list[_Unit]) -> list[Answer]:
                 continue
             questions[question.id] = question
             reads.setdefault(question.id, []).extend(
-                Read(shift, to_option_order(s.logits[slot], shift), s.label_mass[slot]) for s in unit.scores
+                Read(
+                    shift,
+                    to_option_order(s.logits[slot], shift),
+                    s.label_mass[slot],
+                    None if s.hidden is None else s.hidden[slot],
+                )
+                for s in unit.scores
             )
     answers = []
     for qid, question_reads in reads.items():
@@ -184,15 +192,43 @@ def decide(
         if not asked:
             continue
         units = _units(asked, decision, answers, renderer, limit)
-        _read(engine, units, decision.seed, range(draws))
+        _read(engine, units, decision.seed, range(draws), decision.readout)
         if decision.samples == "auto" and noisy:
             uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > AUTO_ENTROPY}
             again = [u for u in units if any(q.id in uncertain for q in u.questions)]
             if again:
-                _read(engine, again, decision.seed, range(1, AUTO_DRAWS))
+                _read(engine, again, decision.seed, range(1, AUTO_DRAWS), decision.readout)
         for unit in units:
             input_tokens += unit.rendered.tokens
             output_tokens += len(unit.questions) * len(unit.scores)
         for answer in _answers(units):
             answers[answer.question.id] = adjust(answer) if adjust else answer
     return DecisionResult(answers, input_tokens, output_tokens)
+
+
+def read_each(
+    decisions: list[Decision], engine: Engine, renderer: Renderer, max_tokens: int | None = None
+) -> list[list[Answer]]:
+    """The raw answers of many one-stage decisions (no ``depends_on`` or ``ask_if``, a number of
+    samples), read in one engine call, so the engine batches them (``slotread fit`` reads its training
+    items so). Each decision's answers are those ``decide`` gives it without ``adjust``.
+    """
+    limit = min(engine.max_tokens, max_tokens or engine.max_tokens)
+    units: list[list[_Unit]] = []
+    requests: list[ReadRequest] = []
+    for decision in decisions:
+        if decision.samples == "auto" or any(q.prerequisites for q in decision.questions):
+            raise ValueError("read_each reads one-stage decisions with a number of samples")
+        draws = int(decision.samples) if engine.noisy else 1
+        units.append(_units(decision.questions, decision, {}, renderer, limit))
+        requests += [
+            u.rendered.with_seed(_seed(decision.seed, d, u.rendered), decision.readout)
+            for u in units[-1]
+            for d in range(draws)
+        ]
+    scores = iter(engine.read(requests))
+    for decision, decision_units in zip(decisions, units, strict=True):
+        draws = int(decision.samples) if engine.noisy else 1
+        for unit in decision_units:
+            unit.scores += [next(scores) for _ in range(draws)]
+    return [_answers(decision_units) for decision_units in units]

@@ -67,7 +67,8 @@ class Decision:
     ``permutations``: how many option→label assignments each question is read under (at most its
     number of options; scores always one, see ``core.decide``). ``calibration`` and ``coverage``
     (the target coverage of conformal prediction sets) are applied by ``slotread.quality``;
-    ``core.decide`` only carries them.
+    ``core.decide`` only carries them. ``readout``: answer with the schema's learned readout
+    (``slotread.quality.readout``); ``core.decide`` then asks the engine for the slots' hidden states.
     """
 
     state: str
@@ -79,3 +80,4 @@ class Decision:
     permutations: int = 1
     calibration: CalibrationMethod = "none"
     coverage: float | None = None
+    readout: bool = False

@@ -109,9 +109,9 @@ class Rendered:
     canvas: tuple[int, ...]
     slots: tuple[Slot, ...]
 
-    def with_seed(self, seed: int) -> ReadRequest:
-        """The engine request for one noise draw."""
-        return ReadRequest(self.prompt, self.canvas, self.slots, seed)
+    def with_seed(self, seed: int, hidden: bool = False) -> ReadRequest:
+        """The engine request for one noise draw (``hidden``: with the slots' hidden states)."""
+        return ReadRequest(self.prompt, self.canvas, self.slots, seed, hidden)
 
     @property
     def tokens(self) -> int:

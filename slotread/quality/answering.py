@@ -5,7 +5,8 @@ conformal scores missing or fitted under other read options). For ``contextual``
 content-free prompts the store lacks: each question without the state (``CONTENT_FREE_STATES`` in
 its place), without earlier answers, under the same assignments, as isolated branches; p_cf per
 shift is the mean of their softmaxes. Then ``core.decide`` reads the decision and hands each raw
-answer to ``calibrate_answer`` before later stages see it.
+answer to ``calibrate_answer`` before later stages see it. A decision with ``readout`` is answered by
+its schemas' learned readouts instead (``quality.readout``; refused before reading if one is missing).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from slotread.prompt.render import Renderer
 from slotread.quality.artifact import Calibration, schema_hash
 from slotread.quality.calibration import calibrate_reads, divide_prior
 from slotread.quality.conformal import conformal_threshold, prediction_set
+from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
 
 #: What stands in for the state in a content-free read (Zhao et al. 2021 use "N/A", "" and "[MASK]";
@@ -41,12 +43,17 @@ def decide_calibrated(
     renderer: Renderer,
     store: CalibrationStore,
     max_tokens: int | None = None,
+    readouts: ReadoutStore | None = None,
 ) -> DecisionResult:
     """``core.decide`` with ``decision.calibration`` applied; usage includes any content-free reads.
+    With ``decision.readout`` every answer comes from its schema's learned readout in ``readouts``
+    instead (the API allows no calibration or coverage beside it).
 
     Raises InvalidRequest when the store lacks a fit the decision needs, besides core.decide's errors.
     """
     schemas = {q.id: schema_hash(q, decision.instructions) for q in decision.questions}
+    if decision.readout:
+        return _decide_readout(decision, engine, renderer, readouts, schemas, max_tokens)
     _check(decision, store, schemas)
     spent = (0, 0)
     if decision.calibration == "contextual":
@@ -63,6 +70,35 @@ def decide_calibrated(
 
         result = decide(decision, engine, renderer, max_tokens, adjust)
     return DecisionResult(result.answers, result.input_tokens + spent[0], result.output_tokens + spent[1])
+
+
+def _decide_readout(
+    decision: Decision,
+    engine: Engine,
+    renderer: Renderer,
+    readouts: ReadoutStore | None,
+    schemas: dict[str, str],
+    max_tokens: int | None,
+) -> DecisionResult:
+    """``core.decide`` with each answer taken from its schema's readout (refused before reading if one is missing)."""
+    if readouts is None:
+        msg = "no readouts are loaded here; fit one with `slotread fit` and load it with --readout DIR"
+        raise InvalidRequest.at(["body", "x_readout"], msg)
+    problems: list[ErrorDetail] = []
+    for question in decision.questions:
+        problem = readouts.problem(question.id, schemas[question.id])
+        if problem:
+            problems.append({"loc": ["body", "x_readout"], "msg": problem, "type": "value_error"})
+    if problems:
+        raise InvalidRequest(problems)
+    found = {schema: readouts.get(schema) for schema in schemas.values()}
+
+    def adjust(answer: Answer) -> Answer:
+        readout = found[schemas[answer.question.id]]
+        assert readout is not None  # refused above otherwise
+        return readout.answer(answer)
+
+    return decide(decision, engine, renderer, max_tokens, adjust)
 
 
 def calibrate_answer(

@@ -1,0 +1,215 @@
+"""Learned readouts: a small head per (model, question schema) that answers from the model's own read.
+
+A read's features are the slot's final hidden state h (``SlotScores.hidden``, the vector ``lm_head``
+sees) followed by the label log-probabilities ℓ = z − logsumexp(z) of its label logits z in option
+order; a readout fitted with ``features="logits"`` uses ℓ alone, which a remote engine (no hidden
+states over vLLM's API) can serve. The head is a multinomial logistic regression on the standardised
+features (``quality.logistic``) with a temperature fitted on held-out items:
+
+    p(read) = softmax((W z + b) / T),   z = (x − μ) / σ,   x = [h, ℓ]
+
+and the answer is the mean of p over the question's reads (its draws), like any other answer.
+``slotread fit`` writes the artifact as two files side by side in a directory:
+
+    <model>.<schema[:16]>.readout.json  {"format": "slotread-readout/1", "model", "schema",
+                                         "question": {"type", "options"}, "features", "hidden_size",
+                                         "temperature", "l2", "arrays": "<the .npz file name>",
+                                         "fitted_on": {data, items, held-out metrics, ...}}
+    <model>.<schema[:16]>.readout.npz   float64 arrays mean (d,), scale (d,), weight (n, d), bias (n,)
+
+The schema is ``quality.artifact.schema_hash``, as for calibration artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from slotread.core.aggregate import aggregate_reads, softmax
+from slotread.core.answers import Answer
+from slotread.errors import CalibrationError
+from slotread.quality.logistic import LogisticHead
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "slotread-readout/1"
+#: What a head reads: the slot's hidden state and the label log-probabilities, or the latter alone.
+Features = Literal["hidden+logits", "logits"]
+FEATURES: tuple[Features, ...] = ("hidden+logits", "logits")
+
+
+def read_features(logits: np.ndarray, hidden: np.ndarray | None, features: Features) -> np.ndarray:
+    """The features (R, d) of reads with label logits (R, n) and hidden states (R, H) (None for "logits")."""
+    z = np.asarray(logits, dtype=np.float64)
+    peak = z.max(axis=-1, keepdims=True)
+    log_p = z - peak - np.log(np.exp(z - peak).sum(axis=-1, keepdims=True))
+    if features == "logits":
+        return log_p
+    assert hidden is not None
+    return np.concatenate([np.asarray(hidden, dtype=np.float64), log_p], axis=-1)
+
+
+@dataclass(frozen=True, eq=False)
+class Readout:
+    """One (model, schema)'s fitted readout (see the module docstring)."""
+
+    model: str
+    schema: str
+    kind: str
+    options: tuple[str, ...]
+    features: Features
+    hidden_size: int | None
+    head: LogisticHead
+    temperature: float
+    l2: float
+    fitted_on: Mapping[str, Any] = field(default_factory=dict)
+
+    def probabilities(self, logits: np.ndarray, hidden: np.ndarray | None) -> np.ndarray:
+        """Each read's answer distribution (R, n) from its label logits (R, n) and hidden states (R, H)."""
+        return softmax(self.head.scores(read_features(logits, hidden, self.features)) / self.temperature)
+
+    def answer(self, answer: Answer) -> Answer:
+        """``answer`` with its probabilities from this head: the mean of each read's ``probabilities``.
+
+        Raises ValueError when the reads lack the hidden states this head reads, or have another size.
+        """
+        logits = np.stack([read.logits for read in answer.reads])
+        hidden = None
+        if self.features == "hidden+logits":
+            states = [read.hidden for read in answer.reads]
+            if any(state is None or state.shape != (self.hidden_size,) for state in states):
+                raise ValueError(f"this readout reads hidden states of size {self.hidden_size}; the reads differ")
+            hidden = np.stack([state for state in states if state is not None])
+        return replace(answer, summary=aggregate_reads(self.probabilities(logits, hidden)))
+
+    def to_json(self, arrays: str) -> dict[str, Any]:
+        """The artifact's JSON part, naming its ``arrays`` file."""
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "schema": self.schema,
+            "question": {"type": self.kind, "options": list(self.options)},
+            "features": self.features,
+            "hidden_size": self.hidden_size,
+            "temperature": self.temperature,
+            "l2": self.l2,
+            "arrays": arrays,
+            "fitted_on": dict(self.fitted_on),
+        }
+
+    def save(self, directory: Path) -> Path:
+        """Write the two files into ``directory`` (arrays first, each atomically); returns the JSON path."""
+        directory.mkdir(parents=True, exist_ok=True)
+        stem = artifact_stem(self.model, self.schema)
+        arrays = directory / f"{stem}.npz"
+        with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp", delete=False) as out:
+            np.savez(out, mean=self.head.mean, scale=self.head.scale, weight=self.head.weight, bias=self.head.bias)
+        os.replace(out.name, arrays)
+        path = directory / f"{stem}.json"
+        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False, encoding="utf-8") as text:
+            json.dump(self.to_json(arrays.name), text, ensure_ascii=False, indent=1)
+        os.replace(text.name, path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Readout:
+        """Read an artifact from its JSON file; raises CalibrationError naming the file and the problem."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            with np.load(path.parent / data["arrays"], allow_pickle=False) as arrays:
+                head = LogisticHead(
+                    *(np.asarray(arrays[name], np.float64) for name in ("mean", "scale", "weight", "bias"))
+                )
+            return _parse(data, head)
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CalibrationError(f"{path}: not a readable slotread readout artifact: {exc}") from None
+
+
+def artifact_stem(model: str, schema: str) -> str:
+    """``<model>.<schema[:16]>.readout``, the model name made file-safe."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.") or "model"
+    return f"{slug}.{schema[:16]}.readout"
+
+
+def _parse(data: Any, head: LogisticHead) -> Readout:
+    if data.get("format") != FORMAT:
+        raise ValueError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
+    options = tuple(str(o) for o in data["question"]["options"])
+    features = data["features"]
+    if features not in FEATURES:
+        raise ValueError(f"features must be one of {FEATURES}, got {features!r}")
+    hidden_size = None if data["hidden_size"] is None else int(data["hidden_size"])
+    if features == "hidden+logits" and not (hidden_size and hidden_size > 0):
+        raise ValueError("a hidden+logits readout needs a positive hidden_size")
+    width = len(options) + (hidden_size if features == "hidden+logits" and hidden_size else 0)
+    shapes = (head.mean.shape, head.scale.shape, head.weight.shape, head.bias.shape)
+    if shapes != ((width,), (width,), (len(options), width), (len(options),)):
+        raise ValueError(f"arrays of shapes {shapes} do not fit {len(options)} options and {width} features")
+    temperature = float(data["temperature"])
+    if not (math.isfinite(temperature) and temperature > 0) or not np.all(head.scale > 0):
+        raise ValueError("the temperature and every feature scale must be positive")
+    return Readout(
+        model=str(data["model"]),
+        schema=str(data["schema"]),
+        kind=str(data["question"]["type"]),
+        options=options,
+        features=features,
+        hidden_size=hidden_size,
+        head=head,
+        temperature=temperature,
+        l2=float(data["l2"]),
+        fitted_on=dict(data.get("fitted_on", {})),
+    )
+
+
+class ReadoutStore:
+    """The readouts of one model, by schema, from a directory of ``slotread fit`` artifacts.
+
+    ``hidden_states`` says whether the engine returns hidden states (a remote one does not: only
+    "logits" readouts can answer there). Raises CalibrationError if an artifact cannot be read or two
+    claim one schema; artifacts of other models are skipped.
+    """
+
+    def __init__(self, model: str, directory: Path | None = None, *, hidden_states: bool = True) -> None:
+        self.model = model
+        self.hidden_states = hidden_states
+        self._readouts: dict[str, tuple[Readout, Path]] = {}
+        for path in sorted(directory.glob("*.readout.json")) if directory is not None else []:
+            readout = Readout.load(path)
+            if readout.model != model:
+                logger.info("%s reads out %s, not %s: skipped", path, readout.model, model)
+                continue
+            if readout.schema in self._readouts:
+                other = self._readouts[readout.schema][1]
+                raise CalibrationError(f"{path} and {other} are both readouts of schema {readout.schema} of {model}")
+            self._readouts[readout.schema] = (readout, path)
+        if directory is not None:
+            logger.info("%d readouts for %s from %s", len(self._readouts), model, directory)
+
+    def get(self, schema: str) -> Readout | None:
+        """The readout of a schema, if one was loaded."""
+        found = self._readouts.get(schema)
+        return found[0] if found else None
+
+    def problem(self, question_id: str, schema: str) -> str | None:
+        """Why question ``question_id`` (of ``schema``) cannot be answered with a readout here, or None."""
+        readout = self.get(schema)
+        where = f"question {question_id!r} on {self.model} (schema {schema[:16]})"
+        if readout is None:
+            return f"no readout is loaded for {where}; fit one with `slotread fit` and load it with --readout DIR"
+        if readout.features == "hidden+logits" and not self.hidden_states:
+            return (
+                f"the readout of {where} reads hidden states, which a remote engine does not return; "
+                "fit one with `slotread fit --features logits` for this server"
+            )
+        return None
