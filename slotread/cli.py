@@ -35,7 +35,11 @@ def _decide(args: argparse.Namespace) -> int:
         request["x_seed"] = args.seed
     to_decision(parse_request(request))  # refuse a bad request before loading the model
     decider = Decider(
-        args.model, cache_dir=args.cache_dir, dtype=getattr(torch, args.dtype), calibration_dir=args.calibration
+        args.model,
+        cache_dir=args.cache_dir,
+        dtype=getattr(torch, args.dtype),
+        calibration_dir=args.calibration,
+        readout_dir=args.readout,
     )
     print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
     return 0
@@ -64,6 +68,49 @@ def _calibrate(args: argparse.Namespace) -> int:
         f"temperature {fit.calibration.temperature:.4f} (NLL {numbers['nll_raw']:.4f} -> {numbers['nll_fitted']:.4f}, "
         f"raw accuracy {numbers['accuracy']:.1%}); content-free shifts {sorted(fit.calibration.content_free)}; "
         f"wrote {args.out}"
+    )
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    import torch
+
+    from slotread.calibrate import refuse_overlap
+    from slotread.decider import Decider
+    from slotread.eval.datasets import BUILTIN, load_dataset, subset
+    from slotread.fit import fit_readout
+
+    split = args.split or ("train" if args.dataset in BUILTIN else None)
+    data = load_dataset(args.dataset, split, data_dir=args.data_dir, question=args.question)
+    data = subset(data, args.limit, args.sample_seed)
+    exclude = None
+    if args.exclude is not None:
+        exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
+        refuse_overlap(data, exclude)  # before loading the model
+    decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
+    fit = fit_readout(
+        decider,
+        data,
+        features=args.features,
+        layout=args.layout,
+        per_class=args.per_class or None,
+        holdout=args.holdout,
+        seed=args.sample_seed,
+        l2=args.l2,
+        request_fields={"x_seed": args.seed, **dict(args.request_field)},
+        exclude=exclude,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    path = fit.readout.save(args.out)
+    m, readout = fit.metrics, fit.readout
+    print(
+        f"{decider.name}, schema {readout.schema[:16]}, {readout.fitted_on['items']} items "
+        f"({int(m['held_out_items'])} held out), {readout.layout}, features {readout.features}, L2 {readout.l2:g}, "
+        f"temperature {readout.temperature:.3f}\n"
+        f"held out: accuracy {m['accuracy']:.1%} (plain read {m['plain_accuracy']:.1%}), "
+        f"ECE {m['ece']:.3f} (plain read {m['plain_ece']:.3f}), NLL {m['nll']:.3f}\n"
+        f"reading {m['read_seconds']:.1f} s, training {m['train_seconds']:.1f} s; wrote {path}"
     )
     return 0
 
@@ -114,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_options": args.max_options,
         "max_prompt_tokens": args.max_prompt_tokens,
         "calibration_dir": args.calibration,
+        "readout_dir": args.readout,
         "upstreams": args.upstream,
         "upstream_timeout_s": args.upstream_timeout,
         "health_interval_s": args.health_interval,
@@ -139,6 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
                 max_options=settings.max_options,
                 max_prompt_tokens=settings.max_prompt_tokens,
                 calibration_dir=settings.calibration_dir,
+                readout_dir=settings.readout_dir,
             )
         except BaseException as exc:
             failed.append(exc)
@@ -238,16 +287,20 @@ def _eval(args: argparse.Namespace) -> int:
         else:
             from slotread.eval.runner import evaluate_model
 
+            fields = dict(args.request_field)
+            if args.readout is not None:
+                fields.setdefault("x_readout", True)
             metrics = evaluate_model(
                 dataset,
                 args.out,
                 args.model,
                 seed=args.seed,
-                request_fields=dict(args.request_field),
+                request_fields=fields,
                 cache_dir=args.cache_dir,
                 device=args.device,
                 dtype=args.dtype,
                 calibration_dir=args.calibration,
+                readout_dir=args.readout,
                 progress=not args.no_progress,
             )
     except KeyboardInterrupt:
@@ -316,6 +369,11 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument(
         "--calibration", type=Path, help="directory of calibration artifacts (slotread calibrate --out) to serve"
     )
+    evaluate.add_argument(
+        "--readout",
+        type=Path,
+        help="directory of learned readouts (slotread fit --out) to answer with; sets x_readout=true",
+    )
     evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     evaluate.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
@@ -333,6 +391,64 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     table = runs.add_parser("table", help="print finished runs' metrics as one Markdown table")
     table.add_argument("runs", type=Path, nargs="+", help="run folders")
     table.set_defaults(run=_eval_table)
+
+
+def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    fit = commands.add_parser(
+        "fit",
+        help="fit a learned readout (a small head on the model's slot read) for one question schema",
+        description="slotread fit --model M (--dataset NAME [--split S] | --data FILE --questions Q.json) "
+        "[--exclude NAME] --out DIR. Reads the labelled items once, trains a logistic head on the slot's "
+        "hidden state and label log-probabilities, fits its temperature on a held-out share, prints the "
+        "held-out accuracy and ECE, and writes <model>.<schema>.readout.json and .npz into DIR.",
+    )
+    fit.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
+    )
+    source = fit.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dataset", help="banking77, clinc150, sst5, or a labelled .jsonl/.csv file to fit on")
+    source.add_argument("--data", dest="dataset", help="a labelled .jsonl/.csv file to fit on (with --questions)")
+    fit.add_argument("--split", help="split of a built-in dataset to fit on (default: train)")
+    fit.add_argument(
+        "--questions", "--question", dest="question", type=Path, help="question file (a System One question object)"
+    )
+    fit.add_argument(
+        "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
+    )
+    fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
+    _add_item_arguments(fit, "fit on", "a read option of every request, e.g. x_samples=4 (as slotread eval takes it)")
+    fit.add_argument(
+        "--per-class", type=int, default=64, help="items kept per class, drawn with --sample-seed (0: all; default 64)"
+    )
+    fit.add_argument("--holdout", type=float, default=0.2, help="share of items held out for the temperature (0.2)")
+    fit.add_argument(
+        "--features",
+        choices=["hidden+logits", "logits"],
+        default="hidden+logits",
+        help="what the head reads: the slot's hidden state and label log-probabilities, or the latter alone "
+        "(the only choice a remote engine serves); default hidden+logits",
+    )
+    fit.add_argument(
+        "--layout",
+        choices=["schema_first", "state_first"],
+        help="prompt layout of the reads (default: the family's, as plain reads: causal state_first); a causal "
+        "schema_first readout caches the schema once for every state, many times cheaper on a CPU",
+    )
+    fit.add_argument(
+        "--l2",
+        type=float,
+        nargs="+",
+        default=[1e-3, 1e-2, 1e-1],
+        help="L2 strengths to try; the one with the lowest held-out NLL is kept (default 1e-3 1e-2 1e-1)",
+    )
+    fit.add_argument("--batch-size", type=int, default=16, help="items per engine call while reading (default 16)")
+    fit.add_argument("--out", type=Path, required=True, help="directory to write the readout into")
+    fit.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
+    fit.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
+    )
+    fit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    fit.set_defaults(run=_fit)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decide.add_argument(
         "--calibration", type=Path, default=None, help="directory of calibration artifacts (slotread calibrate --out)"
+    )
+    decide.add_argument(
+        "--readout", type=Path, default=None, help="directory of learned readouts (slotread fit --out) for x_readout"
     )
     decide.set_defaults(run=_decide)
 
@@ -403,6 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory of calibration artifacts (slotread calibrate --out); content-free reads are saved there",
     )
     serve.add_argument(
+        "--readout",
+        type=Path,
+        default=None,
+        help="directory of learned readouts (slotread fit --out) that requests with x_readout answer with",
+    )
+    serve.add_argument(
         "--upstream",
         action="append",
         default=None,
@@ -444,6 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
     )
     fit.set_defaults(run=_calibrate)
+
+    _add_fit(commands)
 
     engine = commands.add_parser("engine", help="serve a model's slot reads over vLLM's completions API")
     engine.add_argument("--model", required=True, help="registry name, checkpoint dir or .gguf file")

@@ -27,7 +27,7 @@ from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
-from slotread.prompt.render import Renderer
+from slotread.prompt.render import Layout, Renderer
 from slotread.quality.answering import decide_calibrated
 from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
@@ -113,6 +113,7 @@ class Decider:
             self.engine = make_engine(loaded)
         try:
             self.renderer = Renderer(tokenizer, self.engine.family)
+            self._renderers = {self.renderer.layout: self.renderer}
         except ValueError as exc:
             self.close()
             raise ModelLoadError(self.name, str(exc)) from exc
@@ -133,6 +134,12 @@ class Decider:
         """Release what the engine holds beyond memory: a remote engine's health checks and connections."""
         if isinstance(self.engine, RemoteEngine):
             self.engine.close()
+
+    def renderer_for(self, layout: Layout) -> Renderer:
+        """The renderer of this model in a prompt layout (learned readouts may be fitted in another one)."""
+        if layout not in self._renderers:
+            self._renderers[layout] = Renderer(self.renderer.tokenizer, self.engine.family, layout)
+        return self._renderers[layout]
 
     def decide(self, request: dict[str, Any]) -> dict[str, Any]:
         """Answer a System One request body; returns the response body.
@@ -159,7 +166,9 @@ class Decider:
             max_options=self.max_options,
             max_permutations=self.max_permutations,
         )
+        layout = self.readouts.layout_for(decision) if decision.readout else None
+        renderer = self.renderer_for(layout) if layout else self.renderer
         result = decide_calibrated(
-            decision, self.engine, self.renderer, self.calibrations, self.max_prompt_tokens, self.readouts
+            decision, self.engine, renderer, self.calibrations, self.max_prompt_tokens, self.readouts
         )
         return wire, result

@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     max_prompt_tokens: int | None = Field(None, ge=16)
     #: a directory of calibration artifacts (``slotread calibrate``); content-free reads are saved there
     calibration_dir: Path | None = None
+    #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with
+    readout_dir: Path | None = None
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -90,4 +92,6 @@ class Settings(BaseSettings):
             raise ValueError(f"api_keys: {self.api_keys} is not a file")
         if self.calibration_dir is not None and not self.calibration_dir.is_dir():
             raise ValueError(f"calibration_dir: {self.calibration_dir} is not a directory")
+        if self.readout_dir is not None and not self.readout_dir.is_dir():
+            raise ValueError(f"readout_dir: {self.readout_dir} is not a directory")
         return self

@@ -163,6 +163,7 @@ def evaluate_model(
     device: str = "cpu",
     dtype: Literal["bfloat16", "float32"] = "bfloat16",
     calibration_dir: Path | None = None,
+    readout_dir: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
@@ -170,7 +171,8 @@ def evaluate_model(
     Every request carries ``x_seed=seed`` and ``request_fields``. The first item's request is
     checked before the model loads, so a bad field or question fails at once (InvalidRequest).
     ``calibration_dir`` (recorded in run.json when given) holds the calibration artifacts the loaded
-    Decider serves (``x_calibration: temperature``, ``x_coverage``).
+    Decider serves (``x_calibration: temperature``, ``x_coverage``); ``readout_dir`` (recorded likewise)
+    the learned readouts it answers ``x_readout`` with (``slotread fit``).
     """
     fields = {"x_seed": seed, **(request_fields or {})}
     if {"state", "questions"} & fields.keys():
@@ -188,11 +190,18 @@ def evaluate_model(
         from slotread.decider import Decider
 
         decider = Decider(
-            model, cache_dir=cache_dir, device=device, dtype=getattr(torch, dtype), calibration_dir=calibration_dir
+            model,
+            cache_dir=cache_dir,
+            device=device,
+            dtype=getattr(torch, dtype),
+            calibration_dir=calibration_dir,
+            readout_dir=readout_dir,
         )
         return DeciderPredictor(decider, dataset.task, fields)
 
     info = run_info(dataset, system, fields)
     if calibration_dir is not None:
         info["calibration_dir"] = str(calibration_dir)
+    if readout_dir is not None:
+        info["readout_dir"] = str(readout_dir)
     return run(dataset, out, info, load, progress=progress)

@@ -13,11 +13,15 @@ and the answer is the mean of p over the question's reads (its draws), like any 
 
     <model>.<schema[:16]>.readout.json  {"format": "slotread-readout/1", "model", "schema",
                                          "question": {"type", "options"}, "features", "hidden_size",
-                                         "temperature", "l2", "arrays": "<the .npz file name>",
+                                         "layout", "temperature", "l2", "arrays": "<the .npz file name>",
                                          "fitted_on": {data, items, held-out metrics, ...}}
     <model>.<schema[:16]>.readout.npz   float64 arrays mean (d,), scale (d,), weight (n, d), bias (n,)
 
-The schema is ``quality.artifact.schema_hash``, as for calibration artifacts.
+The schema is ``quality.artifact.schema_hash``, as for calibration artifacts. ``layout`` is the prompt
+layout the head was fitted on (its features depend on it): requests with ``x_readout`` are rendered
+in it. A causal model's plain reads are state-first; a readout may be fitted schema-first instead,
+so that one schema's KV is cached for every state (a 77-option schema is ~600 tokens, a message
+~20: reads become many times cheaper on a CPU).
 """
 
 from __future__ import annotations
@@ -37,7 +41,10 @@ import numpy as np
 
 from slotread.core.aggregate import aggregate_reads, softmax
 from slotread.core.answers import Answer
-from slotread.errors import CalibrationError
+from slotread.core.questions import Decision
+from slotread.errors import CalibrationError, InvalidRequest
+from slotread.prompt.render import Layout
+from slotread.quality.artifact import schema_hash
 from slotread.quality.logistic import LogisticHead
 
 logger = logging.getLogger(__name__)
@@ -69,6 +76,8 @@ class Readout:
     options: tuple[str, ...]
     features: Features
     hidden_size: int | None
+    #: the prompt layout the reads were rendered in (``prompt.render.LAYOUTS``); answers are read in it too
+    layout: Layout
     head: LogisticHead
     temperature: float
     l2: float
@@ -101,6 +110,7 @@ class Readout:
             "question": {"type": self.kind, "options": list(self.options)},
             "features": self.features,
             "hidden_size": self.hidden_size,
+            "layout": self.layout,
             "temperature": self.temperature,
             "l2": self.l2,
             "arrays": arrays,
@@ -155,6 +165,9 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
     shapes = (head.mean.shape, head.scale.shape, head.weight.shape, head.bias.shape)
     if shapes != ((width,), (width,), (len(options), width), (len(options),)):
         raise ValueError(f"arrays of shapes {shapes} do not fit {len(options)} options and {width} features")
+    layout = data["layout"]
+    if layout not in ("schema_first", "state_first"):
+        raise ValueError(f"layout must be schema_first or state_first, got {layout!r}")
     temperature = float(data["temperature"])
     if not (math.isfinite(temperature) and temperature > 0) or not np.all(head.scale > 0):
         raise ValueError("the temperature and every feature scale must be positive")
@@ -165,6 +178,7 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
         options=options,
         features=features,
         hidden_size=hidden_size,
+        layout=layout,
         head=head,
         temperature=temperature,
         l2=float(data["l2"]),
@@ -200,6 +214,19 @@ class ReadoutStore:
         """The readout of a schema, if one was loaded."""
         found = self._readouts.get(schema)
         return found[0] if found else None
+
+    def layout_for(self, decision: Decision) -> Layout | None:
+        """The prompt layout the readouts of ``decision``'s questions were fitted in (None if one is
+        missing: answering refuses that). Raises InvalidRequest when they differ: one decision is
+        rendered in one layout."""
+        found = [self.get(schema_hash(q, decision.instructions)) for q in decision.questions]
+        layouts = {readout.layout for readout in found if readout is not None}
+        if len(layouts) > 1:
+            msg = (
+                f"the readouts of these questions were fitted in different prompt layouts {sorted(layouts)}: ask apart"
+            )
+            raise InvalidRequest.at(["body", "x_readout"], msg)
+        return layouts.pop() if layouts and None not in found else None
 
     def problem(self, question_id: str, schema: str) -> str | None:
         """Why question ``question_id`` (of ``schema``) cannot be answered with a readout here, or None."""

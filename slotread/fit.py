@@ -1,0 +1,211 @@
+"""Fit a learned readout from labelled examples: the Python API behind ``slotread fit``.
+
+The data is an evaluation ``Dataset`` (a built-in split or a labelled file with its question), as for
+``slotread calibrate``, and each item is asked the request ``slotread eval`` sends for it with
+``x_readout`` on, so the readout's schema is the one the evaluation asks. Steps:
+
+1. refuse data that overlaps the evaluation data (``exclude``), then keep at most ``per_class``
+   items of each class (seeded);
+2. read every item once (its draws on a noisy model), ``batch_size`` items per engine call
+   (``core.decide.read_each``), keeping each read's label logits and slot hidden state;
+3. split the items, stratified by class and seeded, into a training part and ``holdout`` share;
+4. fit the logistic head (``quality.logistic``) on the training reads for each L2 strength given
+   and keep the one with the lowest held-out NLL, then fit its temperature on the held-out items
+   (``quality.calibration.fit_temperature``);
+5. report held-out accuracy, NLL and ECE of the readout beside the plain read (the label softmax)
+   on the same items. The temperature is fitted on those items too (one parameter; it does not
+   move the accuracy), so their ECE is slightly optimistic: judge a readout with ``slotread eval``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from slotread.api.systemone import parse_request, to_decision
+from slotread.calibrate import dataset_name, refuse_unfit
+from slotread.core.decide import read_each
+from slotread.decider import Decider
+from slotread.errors import InvalidRequest
+from slotread.eval.datasets import Dataset
+from slotread.eval.metrics import expected_calibration_error
+from slotread.eval.runner import build_request
+from slotread.prompt.render import Layout, Renderer
+from slotread.quality.artifact import schema_hash
+from slotread.quality.calibration import fit_temperature, mean_nll, temperature_scale
+from slotread.quality.logistic import LogisticHead, fit_logistic
+from slotread.quality.readout import Features, Readout, read_features
+
+#: L2 strengths tried by default (on standardised features, per item of the mean loss).
+L2_GRID = (1e-3, 1e-2, 1e-1)
+
+
+@dataclass(frozen=True)
+class ReadoutFit:
+    """A fitted readout and its held-out numbers (``readout.fitted_on["metrics"]``)."""
+
+    readout: Readout
+    metrics: dict[str, float]
+
+
+def per_class_sample(data: Dataset, per_class: int | None, seed: int) -> Dataset:
+    """At most ``per_class`` items of each class, drawn with ``random.Random(seed)``, kept in file order."""
+    if per_class is None:
+        return data
+    by_class: dict[int, list[int]] = {}
+    for index, item in enumerate(data.items):
+        by_class.setdefault(item.gold, []).append(index)
+    rng = random.Random(seed)
+    kept = sorted(i for members in by_class.values() for i in rng.sample(members, min(per_class, len(members))))
+    return replace(data, items=tuple(data.items[i] for i in kept))
+
+
+def holdout_split(gold: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Item indices (train, held out), seeded: round(share · N) items held out, spread over the classes
+    in proportion (each class's items shuffled, the k-th of n ranked (k + ½)/n, the lowest ranks held)."""
+    rng = np.random.default_rng(seed)
+    rank = np.empty(len(gold))
+    for label in np.unique(gold):
+        members = rng.permutation(np.flatnonzero(gold == label))
+        rank[members] = (np.arange(len(members)) + 0.5) / len(members)
+    order = np.lexsort((rng.random(len(gold)), rank))  # ties between classes broken at random
+    cut = round(share * len(gold))
+    return np.sort(order[cut:]), np.sort(order[:cut])
+
+
+def read_items(
+    decider: Decider, renderer: Renderer, requests: Sequence[dict[str, Any]], batch_size: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each request's reads of its one question: label logits (N, R, n) in option order and slot hidden
+    states (N, R, H), None where the engine returns none (a remote one)."""
+    decisions = [
+        to_decision(
+            parse_request(request),
+            max_samples=decider.max_samples,
+            max_options=decider.max_options,
+            max_permutations=decider.max_permutations,
+        )
+        for request in requests
+    ]
+    logits: list[np.ndarray] = []
+    hidden: list[list[np.ndarray | None]] = []
+    with tqdm(total=len(decisions), desc="reading", unit="item", disable=not progress) as bar:
+        for start in range(0, len(decisions), batch_size):
+            chunk = decisions[start : start + batch_size]
+            for (answer,) in read_each(chunk, decider.engine, renderer, decider.max_prompt_tokens):
+                logits.append(np.stack([read.logits for read in answer.reads]))
+                hidden.append([read.hidden for read in answer.reads])
+            bar.update(len(chunk))
+    states = [state for item in hidden for state in item]
+    if any(state is None for state in states):
+        return np.stack(logits), None
+    return np.stack(logits), np.stack([np.stack(item) for item in hidden])  # type: ignore[arg-type]
+
+
+def fit_readout(
+    decider: Decider,
+    data: Dataset,
+    *,
+    features: Features = "hidden+logits",
+    layout: Layout | None = None,
+    per_class: int | None = 64,
+    holdout: float = 0.2,
+    seed: int = 0,
+    l2: Sequence[float] = L2_GRID,
+    request_fields: dict[str, Any] | None = None,
+    exclude: Dataset | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> ReadoutFit:
+    """Fit the readout of ``data``'s question (the module docstring's steps); ``request_fields`` are read
+    options such as ``x_seed`` or ``x_samples`` (the draws a noisy model reads per item). ``layout``
+    renders the reads (default: the model family's, as plain reads; see ``quality.readout``).
+
+    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, with
+    per-item questions, or read options x_readout refuses; ValueError for a holdout share outside (0, 1)
+    or an engine that returns no hidden states for a "hidden+logits" readout.
+    """
+    if not 0 < holdout < 1:
+        raise ValueError(f"the holdout share must be between 0 and 1, got {holdout}")
+    refuse_unfit(data, exclude)
+    data = per_class_sample(data, per_class, seed)
+    fields = {**(request_fields or {}), "x_readout": True}
+    requests = [build_request(data.task, item, fields) for item in data.items]
+    decision = to_decision(parse_request(requests[0]))
+    if decision.samples == "auto":
+        raise InvalidRequest.at(["x_samples"], "'auto' reads items unevenly; fit with a number of samples")
+    if features == "hidden+logits" and not decider.readouts.hidden_states:
+        raise ValueError("this engine returns no hidden states (a remote engine): fit with features 'logits'")
+    (question,) = decision.questions
+
+    started = time.perf_counter()
+    renderer = decider.renderer_for(layout) if layout else decider.renderer
+    logits, hidden = read_items(decider, renderer, requests, batch_size, progress)  # (N, R, n), (N, R, H)
+    read_seconds = time.perf_counter() - started
+    gold = np.array([item.gold for item in data.items])
+    train, held = holdout_split(gold, holdout, seed)
+    if len(train) == 0 or len(held) == 0:
+        raise ValueError(f"{len(gold)} items leave nothing to train on or to hold out at share {holdout}")
+
+    def rows(items: np.ndarray) -> np.ndarray:  # every read of the items, (items · R, d)
+        states = None if features == "logits" or hidden is None else hidden[items].reshape(-1, hidden.shape[-1])
+        return read_features(logits[items].reshape(-1, logits.shape[-1]), states, features)
+
+    started = time.perf_counter()
+    reads = logits.shape[1]
+    x_train, y_train, x_held = rows(train), np.repeat(gold[train], reads), rows(held)
+    classes = len(question.options)
+
+    def held_scores(head: LogisticHead) -> np.ndarray:  # (held, R, n)
+        return head.scores(x_held).reshape(len(held), reads, classes)
+
+    fitted = [(fit_logistic(x_train, y_train, classes, strength), strength) for strength in l2]
+    head, strength = min(fitted, key=lambda pair: mean_nll(held_scores(pair[0]), gold[held]))
+    temperature = fit_temperature(held_scores(head), gold[held])
+    train_seconds = time.perf_counter() - started
+
+    readout_p = temperature_scale(held_scores(head), temperature).mean(axis=1)  # (held, n)
+    plain_p = temperature_scale(logits[held], 1.0).mean(axis=1)
+    metrics = {
+        "held_out_items": float(len(held)),
+        "accuracy": float((readout_p.argmax(axis=1) == gold[held]).mean()),
+        "nll": mean_nll(held_scores(head), gold[held], temperature),
+        "ece": expected_calibration_error(readout_p, gold[held]),
+        "plain_accuracy": float((plain_p.argmax(axis=1) == gold[held]).mean()),
+        "plain_ece": expected_calibration_error(plain_p, gold[held]),
+        "read_seconds": read_seconds,
+        "train_seconds": train_seconds,
+    }
+    ids = [item.id for item in data.items]
+    readout = Readout(
+        model=decider.name,
+        schema=schema_hash(question, decision.instructions),
+        kind=question.kind,
+        options=tuple(o.name for o in question.options),
+        features=features,
+        hidden_size=None if features == "logits" or hidden is None else int(hidden.shape[-1]),
+        layout=renderer.layout,
+        head=head,
+        temperature=temperature,
+        l2=strength,
+        fitted_on={
+            "data": dataset_name(data),
+            "items": len(ids),
+            "per_class": per_class,
+            "holdout": holdout,
+            "seed": seed,
+            "ids_sha256": hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest(),
+            "excluded": dataset_name(exclude) if exclude else None,
+            "l2_tried": list(l2),
+            "request": {"x_samples": decision.samples, "x_seed": decision.seed},
+            "metrics": metrics,
+        },
+    )
+    return ReadoutFit(readout, metrics)
