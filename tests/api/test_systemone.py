@@ -280,3 +280,22 @@ def test_coverage_is_a_share_and_needs_a_fixed_calibration() -> None:
     assert decision({**body, "x_coverage": 0.9, "x_calibration": "temperature"}).coverage == 0.9
     (problem,) = problems({**body, "x_coverage": 0.9, "x_calibration": "batch"})
     assert problem["loc"] == ["body", "x_coverage"] and "batch calibration" in problem["msg"]
+
+
+def test_x_readout_refuses_what_a_readout_was_not_fitted_under() -> None:
+    request = {
+        "state": "s",
+        "questions": {"q": {"type": "noul"}},
+        "x_readout": True,
+        "x_permutations": 2,
+        "x_calibration": "temperature",
+        "x_coverage": 0.9,
+        "x_joint": True,
+    }
+    with pytest.raises(InvalidRequest) as caught:
+        to_decision(parse_request(request))
+    locs = [problem["loc"] for problem in caught.value.detail]
+    assert locs == [["body", "x_permutations"], ["body", "x_calibration"], ["body", "x_coverage"], ["body", "x_joint"]]
+    plain = {"state": "s", "questions": {"q": {"type": "noul"}}, "x_readout": True, "x_samples": 4}
+    decision = to_decision(parse_request(plain))
+    assert decision.readout and decision.samples == 4

@@ -1,0 +1,110 @@
+"""Learned readouts: features, the head's answer, the artifact files and the store."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slotread.core.aggregate import aggregate_reads
+from slotread.core.answers import Answer, Read
+from slotread.core.questions import Decision, Option, Question
+from slotread.errors import CalibrationError, InvalidRequest
+from slotread.quality.artifact import schema_hash
+from slotread.quality.logistic import LogisticHead
+from slotread.quality.readout import Readout, ReadoutStore, read_features
+
+QUESTION = Question("q", "choice", "Which?", (Option("a"), Option("b")))
+SCHEMA = schema_hash(QUESTION, None)
+
+
+def identity_readout(features: str = "logits", temperature: float = 2.0, **fields: object) -> Readout:
+    """A head whose scores are its features' last two columns (the label log-probabilities)."""
+    hidden = 3 if features == "hidden+logits" else 0
+    weight = np.hstack([np.zeros((2, hidden)), np.eye(2)])
+    head = LogisticHead(np.zeros(hidden + 2), np.ones(hidden + 2), weight, np.zeros(2))
+    values: dict[str, object] = dict(
+        model="m",
+        schema=SCHEMA,
+        kind="choice",
+        options=("a", "b"),
+        features=features,
+        hidden_size=hidden or None,
+        layout="state_first",
+        head=head,
+        temperature=temperature,
+        l2=0.01,
+    )
+    return Readout(**{**values, **fields})  # type: ignore[arg-type]
+
+
+def test_features_by_hand() -> None:
+    # label logits [0, ln 3] -> log-probabilities [ln 0.25, ln 0.75], after the hidden state
+    logits = np.array([[0.0, math.log(3.0)]])
+    assert read_features(logits, None, "logits") == pytest.approx(np.array([[math.log(0.25), math.log(0.75)]]))
+    both = read_features(logits + 7.0, np.array([[1.0, 2.0]]), "hidden+logits")  # a constant shift changes nothing
+    assert both == pytest.approx(np.array([[1.0, 2.0, math.log(0.25), math.log(0.75)]]))
+
+
+def test_the_head_answers_by_hand() -> None:
+    # scores log p = [ln .25, ln .75] at T = 2: softmax(log p / 2) ∝ sqrt(p) = [0.5, 0.866] -> [0.366, 0.634]
+    readout = identity_readout()
+    p = readout.probabilities(np.array([[0.0, math.log(3.0)]]), None)
+    assert p[0] == pytest.approx([0.5 / (0.5 + math.sqrt(0.75)), math.sqrt(0.75) / (0.5 + math.sqrt(0.75))])
+    # an answer is the mean over its reads (draws) of the head's distributions
+    reads = (Read(0, np.array([0.0, math.log(3.0)]), 1.0), Read(0, np.array([0.0, 0.0]), 1.0))
+    raw = Answer(QUESTION, aggregate_reads(np.array([[0.25, 0.75], [0.5, 0.5]])), reads)
+    answered = readout.answer(raw)
+    assert answered.probabilities == pytest.approx((p[0] + np.array([0.5, 0.5])) / 2)
+    assert answered.reads == reads
+
+
+def test_a_hidden_readout_needs_hidden_states_of_its_size() -> None:
+    readout = identity_readout("hidden+logits")
+    ok = Read(0, np.array([0.0, 0.0]), 1.0, np.ones(3, dtype=np.float32))
+    assert readout.answer(Answer(QUESTION, aggregate_reads(np.array([[0.5, 0.5]])), (ok,))).probabilities == (
+        pytest.approx([0.5, 0.5])
+    )
+    for hidden in (None, np.ones(4)):
+        read = Read(0, np.array([0.0, 0.0]), 1.0, hidden)
+        with pytest.raises(ValueError, match="hidden states of size 3"):
+            readout.answer(Answer(QUESTION, aggregate_reads(np.array([[0.5, 0.5]])), (read,)))
+
+
+def test_the_artifact_round_trips_and_the_store_keys_it_by_model_and_schema(tmp_path: Path) -> None:
+    readout = identity_readout("hidden+logits", fitted_on={"items": 4})
+    path = readout.save(tmp_path)
+    assert path.name == f"m.{SCHEMA[:16]}.readout.json" and (tmp_path / f"m.{SCHEMA[:16]}.readout.npz").is_file()
+    loaded = Readout.load(path)
+    assert (loaded.model, loaded.schema, loaded.options, loaded.features) == ("m", SCHEMA, ("a", "b"), "hidden+logits")
+    assert loaded.hidden_size == 3 and loaded.temperature == 2.0 and loaded.fitted_on == {"items": 4}
+    assert np.array_equal(loaded.head.weight, readout.head.weight)
+    identity_readout(model="other").save(tmp_path)  # another model's: skipped
+
+    store = ReadoutStore("m", tmp_path)
+    assert store.get(SCHEMA) is not None and store.problem("q", SCHEMA) is None
+    assert store.layout_for(Decision("s", (QUESTION,), readout=True)) == "state_first"
+    missing = store.problem("q", "f" * 64)
+    assert missing is not None and "no readout is loaded for question 'q' on m" in missing and "slotread fit" in missing
+    remote = ReadoutStore("m", tmp_path, hidden_states=False).problem("q", SCHEMA)
+    assert remote is not None and "--features logits" in remote
+
+
+def test_broken_or_duplicate_artifacts_are_refused(tmp_path: Path) -> None:
+    path = identity_readout().save(tmp_path)
+    data = json.loads(path.read_text())
+    (tmp_path / "copy.readout.json").write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match="are both readouts of schema"):
+        ReadoutStore("m", tmp_path)
+    (tmp_path / "copy.readout.json").write_text(json.dumps({**data, "temperature": -1}))
+    with pytest.raises(CalibrationError, match="copy.readout.json: not a readable"):
+        ReadoutStore("m", tmp_path)
+
+
+def test_readouts_fitted_in_two_layouts_cannot_answer_one_decision(tmp_path: Path) -> None:
+    other = Question("r", "choice", "Which one?", (Option("a"), Option("b")))
+    identity_readout().save(tmp_path)
+    identity_readout(schema=schema_hash(other, None), layout="schema_first").save(tmp_path)
+    with pytest.raises(InvalidRequest, match="different prompt layouts"):
+        ReadoutStore("m", tmp_path).layout_for(Decision("s", (QUESTION, other), readout=True))

@@ -1,0 +1,133 @@
+"""Fitting a learned readout on SmolLM2 and answering with it, through the Python API and the command line."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slotread.api.systemone import parse_request, to_decision
+from slotread.cli import main
+from slotread.core.decide import read_each
+from slotread.decider import Decider
+from slotread.errors import InvalidRequest
+from slotread.eval.datasets import Dataset, Item, Task
+from slotread.fit import fit_readout, holdout_split, per_class_sample
+from slotread.models.load import LoadedModel
+from slotread.quality.artifact import schema_hash
+from slotread.quality.readout import Readout
+
+QUESTION: dict[str, Any] = {
+    "type": "choice",
+    "instructions": "What does the customer want?",
+    "criteria": {"refund": "money back", "card": "a new or missing card", "other": None},
+}
+TASK = Task("choice", QUESTION, ("refund", "card", "other"))
+TEXTS = [
+    ("I want my money back", 0),
+    ("Refund my order please", 0),
+    ("Give me a refund now", 0),
+    ("Return the money for this", 0),
+    ("My card never arrived", 1),
+    ("I lost my card", 1),
+    ("My card is broken, I need a new one", 1),
+    ("Where is my new card", 1),
+    ("What are your opening hours", 2),
+    ("Nice weather today", 2),
+    ("Who is your CEO", 2),
+    ("Do you sell shoes", 2),
+]
+DATA = Dataset("train.csv", None, TASK, tuple(Item(str(i), text, gold) for i, (text, gold) in enumerate(TEXTS)))
+
+
+def body(state: str, **fields: Any) -> dict[str, Any]:
+    return {"state": state, "questions": {"answer": QUESTION}, **fields}
+
+
+def test_sampling_and_the_held_out_split_are_stratified_and_seeded() -> None:
+    sampled = per_class_sample(DATA, 2, seed=0)
+    assert sorted(item.gold for item in sampled.items) == [0, 0, 1, 1, 2, 2]
+    assert per_class_sample(DATA, 2, seed=0) == sampled and per_class_sample(DATA, None, 0) == DATA
+    gold = np.array([item.gold for item in DATA.items])
+    train, held = holdout_split(gold, 0.25, seed=0)
+    assert sorted(gold[held].tolist()) == [0, 1, 2]  # round(0.25 · 12) = 3 items, one per class
+    assert sorted([*train, *held]) == list(range(12))
+    assert np.array_equal(holdout_split(gold, 0.25, seed=0)[1], held)
+
+
+def test_batched_reads_are_the_reads_decide_makes_with_hidden_states(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    decision = to_decision(parse_request(body(TEXTS[0][0], x_readout=True)))
+    ((batched,),) = read_each([decision], decider.engine, decider.renderer)
+    plain = decider.answer(body(TEXTS[0][0])).answers["answer"]
+    assert plain is not None and plain.reads[0].hidden is None
+    (read,) = batched.reads
+    # the second read finds the state's prefix cached: equal up to the engine's float tolerance
+    np.testing.assert_allclose(read.logits, plain.reads[0].logits, atol=1e-4, rtol=0)
+    assert read.hidden is not None and read.hidden.shape == (smollm2.model.config.hidden_size,)
+
+
+def test_a_fitted_readout_answers_x_readout_requests(smollm2: LoadedModel, tmp_path: Path) -> None:
+    fit = fit_readout(Decider(smollm2), DATA, per_class=None, holdout=0.25, l2=[0.01, 0.1], progress=False)
+    readout = fit.readout
+    assert readout.model == smollm2.name and readout.options == ("refund", "card", "other")
+    assert readout.schema == schema_hash(to_decision(parse_request(body("x"))).questions[0], None)
+    assert readout.layout == "state_first" and readout.features == "hidden+logits" and readout.l2 in (0.01, 0.1)
+    assert readout.hidden_size == smollm2.model.config.hidden_size and readout.temperature > 0
+    assert fit.metrics["held_out_items"] == 3 and 0 <= fit.metrics["accuracy"] <= 1 and 0 <= fit.metrics["ece"] <= 1
+    assert readout.fitted_on["items"] == 12 and readout.fitted_on["metrics"] == fit.metrics
+    readout.save(tmp_path)
+
+    decider = Decider(smollm2, readout_dir=tmp_path)
+    answer = decider.answer(body("Please refund me", x_readout=True)).answers["answer"]
+    assert answer is not None and len(answer.reads) == 1 and answer.reads[0].hidden is not None
+    expected = readout.probabilities(answer.reads[0].logits[None], answer.reads[0].hidden[None])[0]
+    assert answer.probabilities == pytest.approx(expected, abs=1e-12)
+    response = decider.decide(body("Please refund me", x_readout=True))["answers"]["answer"]
+    assert list(response["probabilities"].values()) == pytest.approx(expected, abs=1e-4)  # a cached prefix
+    # the plain read is unchanged by the readout being loaded
+    plain = decider.answer(body("Please refund me")).answers["answer"]
+    assert plain is not None
+    np.testing.assert_allclose(plain.reads[0].logits, answer.reads[0].logits, atol=1e-4, rtol=0)
+
+
+def test_x_readout_without_a_fitted_readout_is_refused(smollm2: LoadedModel, tmp_path: Path) -> None:
+    for decider in (Decider(smollm2), Decider(smollm2, readout_dir=tmp_path)):
+        with pytest.raises(InvalidRequest) as caught:
+            decider.decide(body("hi", x_readout=True))
+        (problem,) = caught.value.detail
+        assert problem["loc"] == ["body", "x_readout"] and "slotread fit" in problem["msg"]
+
+
+def test_overlap_with_the_evaluation_data_is_refused_before_reading(smollm2: LoadedModel) -> None:
+    test = Dataset("banking77", "test", TASK, (Item("0", "  i LOST my card ", 1),))
+    with pytest.raises(InvalidRequest, match="also appear in banking77 test"):
+        fit_readout(Decider(smollm2), DATA, exclude=test)
+
+
+def test_the_command_fits_and_decide_answers_with_it(
+    smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
+    rows = [{"id": item.id, "text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "test.csv").write_text("text,label\nI lost my card,card\n")
+    command = ["--cache-dir", str(cache_dir), "fit", "--model", smollm2.name, "--questions", str(tmp_path / "q.json")]
+    command += ["--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "readouts"), "--no-progress"]
+    command += ["--per-class", "3", "--holdout", "0.34", "--layout", "schema_first"]
+    assert main([*command, "--exclude", str(tmp_path / "test.csv")]) == 2
+    assert "also appear in" in capsys.readouterr().err and not (tmp_path / "readouts").exists()
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "9 items (3 held out), schema_first" in out and "held out: accuracy" in out and "wrote" in out
+    (path,) = (tmp_path / "readouts").glob("*.readout.json")
+    assert Readout.load(path).layout == "schema_first"
+
+    (tmp_path / "request.json").write_text(json.dumps(body("Refund please", x_readout=True)))
+    decide = ["--cache-dir", str(cache_dir), "decide", str(tmp_path / "request.json"), "--model", smollm2.name]
+    assert main([*decide, "--readout", str(tmp_path / "readouts")]) == 0
+    answer = json.loads(capsys.readouterr().out)["answers"]["answer"]
+    assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
+    assert main(decide) == 2
+    assert "x_readout" in capsys.readouterr().err
