@@ -98,7 +98,7 @@ def test_broken_or_duplicate_artifacts_are_refused(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="are both readouts of schema"):
         ReadoutStore("m", tmp_path)
     (tmp_path / "copy.readout.json").write_text(json.dumps({**data, "temperature": -1}))
-    with pytest.raises(CalibrationError, match="copy.readout.json: not a readable"):
+    with pytest.raises(CalibrationError, match=r"copy\.readout\.json: not a readable"):
         ReadoutStore("m", tmp_path)
 
 
