@@ -86,7 +86,8 @@ def _fit(args: argparse.Namespace) -> int:
     exclude = None
     if args.exclude is not None:
         exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
-        refuse_overlap(data, exclude)  # before loading the model
+        if not args.drop_overlap:
+            refuse_overlap(data, exclude)  # before loading the model
     decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
     fit = fit_readout(
         decider,
@@ -99,6 +100,7 @@ def _fit(args: argparse.Namespace) -> int:
         l2=args.l2,
         request_fields={"x_seed": args.seed, **dict(args.request_field)},
         exclude=exclude,
+        drop_overlap=args.drop_overlap,
         batch_size=args.batch_size,
         progress=not args.no_progress,
     )
@@ -106,7 +108,8 @@ def _fit(args: argparse.Namespace) -> int:
     m, readout = fit.metrics, fit.readout
     print(
         f"{decider.name}, schema {readout.schema[:16]}, {readout.fitted_on['items']} items "
-        f"({int(m['held_out_items'])} held out), {readout.layout}, features {readout.features}, L2 {readout.l2:g}, "
+        f"({int(m['held_out_items'])} held out, {readout.fitted_on['dropped_overlap']} overlapping dropped), "
+        f"{readout.layout}, features {readout.features}, L2 {readout.l2:g}, "
         f"temperature {readout.temperature:.3f}\n"
         f"held out: accuracy {m['accuracy']:.1%} (plain read {m['plain_accuracy']:.1%}), "
         f"ECE {m['ece']:.3f} (plain read {m['plain_ece']:.3f}), NLL {m['nll']:.3f}\n"
@@ -416,6 +419,11 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
     )
     fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
+    fit.add_argument(
+        "--drop-overlap",
+        action="store_true",
+        help="drop the items --exclude holds instead of refusing (BANKING77 train repeats 7 test messages)",
+    )
     _add_item_arguments(fit, "fit on", "a read option of every request, e.g. x_samples=4 (as slotread eval takes it)")
     fit.add_argument(
         "--per-class", type=int, default=64, help="items kept per class, drawn with --sample-seed (0: all; default 64)"

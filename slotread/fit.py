@@ -4,8 +4,8 @@ The data is an evaluation ``Dataset`` (a built-in split or a labelled file with 
 ``slotread calibrate``, and each item is asked the request ``slotread eval`` sends for it with
 ``x_readout`` on, so the readout's schema is the one the evaluation asks. Steps:
 
-1. refuse data that overlaps the evaluation data (``exclude``), then keep at most ``per_class``
-   items of each class (seeded);
+1. refuse data that overlaps the evaluation data (``exclude``; or drop those items), then keep at most
+   ``per_class`` items of each class (seeded);
 2. read every item once (its draws on a noisy model), ``batch_size`` items per engine call
    (``core.decide.read_each``), keeping each read's label logits and slot hidden state;
 3. split the items, stratified by class and seeded, into a training part and ``holdout`` share;
@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from slotread.api.systemone import parse_request, to_decision
-from slotread.calibrate import dataset_name, refuse_unfit
+from slotread.calibrate import dataset_name, normalised, refuse_unfit
 from slotread.core.decide import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
@@ -65,6 +65,12 @@ def per_class_sample(data: Dataset, per_class: int | None, seed: int) -> Dataset
     rng = random.Random(seed)
     kept = sorted(i for members in by_class.values() for i in rng.sample(members, min(per_class, len(members))))
     return replace(data, items=tuple(data.items[i] for i in kept))
+
+
+def without_overlap(data: Dataset, exclude: Dataset) -> Dataset:
+    """``data`` without the items whose text ``exclude`` also holds (compared as ``refuse_overlap`` does)."""
+    held_out = {normalised(item.state) for item in exclude.items}
+    return replace(data, items=tuple(item for item in data.items if normalised(item.state) not in held_out))
 
 
 def holdout_split(gold: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -121,12 +127,15 @@ def fit_readout(
     l2: Sequence[float] = L2_GRID,
     request_fields: dict[str, Any] | None = None,
     exclude: Dataset | None = None,
+    drop_overlap: bool = False,
     batch_size: int = 16,
     progress: bool = True,
 ) -> ReadoutFit:
     """Fit the readout of ``data``'s question (the module docstring's steps); ``request_fields`` are read
     options such as ``x_seed`` or ``x_samples`` (the draws a noisy model reads per item). ``layout``
     renders the reads (default: the model family's, as plain reads; see ``quality.readout``).
+    ``drop_overlap`` drops the items that ``exclude`` holds instead of refusing the data (BANKING77's
+    train split repeats 7 of its test messages).
 
     Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, with
     per-item questions, or read options x_readout refuses; ValueError for a holdout share outside (0, 1)
@@ -134,6 +143,10 @@ def fit_readout(
     """
     if not 0 < holdout < 1:
         raise ValueError(f"the holdout share must be between 0 and 1, got {holdout}")
+    dropped = 0
+    if drop_overlap and exclude is not None:
+        kept = without_overlap(data, exclude)
+        data, dropped = kept, len(data.items) - len(kept.items)
     refuse_unfit(data, exclude)
     data = per_class_sample(data, per_class, seed)
     fields = {**(request_fields or {}), "x_readout": True}
@@ -203,6 +216,7 @@ def fit_readout(
             "seed": seed,
             "ids_sha256": hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest(),
             "excluded": dataset_name(exclude) if exclude else None,
+            "dropped_overlap": dropped,
             "l2_tried": list(l2),
             "request": {"x_samples": decision.samples, "x_seed": decision.seed},
             "metrics": metrics,
