@@ -115,3 +115,8 @@ def test_problems_are_located_in_the_decisions_body(change: dict[str, Any], loc:
     with pytest.raises(InvalidRequest) as caught:
         parse_request({**REQUEST, **change})
     assert loc in [d["loc"] for d in caught.value.detail]
+
+
+def test_x_readout_passes_through() -> None:
+    body = to_systemone(parse_request({**REQUEST, "x_readout": True}))
+    assert body["x_readout"] is True

@@ -11,6 +11,9 @@ At construction every replica is asked for ``GET /v1/models``: one serving anoth
 start-up with ModelLoadError, and ``max_tokens`` is the smallest ``max_model_len`` among those that
 answered. A replica that joins later (or comes back after a restart) is admitted only if it serves
 the model with at least that length.
+
+vLLM's API returns no hidden states: a request's ``hidden`` flag is ignored and ``SlotScores.hidden``
+stays None (learned readouts on hidden states are refused above the engine, see ``quality.readout``).
 """
 
 from __future__ import annotations
