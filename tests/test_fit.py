@@ -137,3 +137,24 @@ def test_the_command_fits_and_decide_answers_with_it(
     assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
     assert main(decide) == 2
     assert "x_readout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["tiny_diffusion", "tiny_bert"])
+def test_readouts_fit_and_answer_on_the_diffusion_and_masked_families(
+    name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Random weights: the numbers mean nothing, the plumbing (draws, hidden sizes, layouts) is checked."""
+    loaded: LoadedModel = request.getfixturevalue(name)
+    samples = {"x_samples": 2}
+    fit = fit_readout(Decider(loaded), DATA, per_class=None, holdout=0.25, request_fields=samples, progress=False)
+    fit.readout.save(tmp_path)
+    decider = Decider(loaded, readout_dir=tmp_path)
+    answer = decider.answer(body("Please refund me", x_readout=True, **samples)).answers["answer"]
+    assert answer is not None
+    draws = 2 if decider.engine.noisy else 1
+    assert len(answer.reads) == draws and fit.readout.fitted_on["request"]["x_samples"] == 2
+    logits = np.stack([read.logits for read in answer.reads])
+    hidden = np.stack([read.hidden for read in answer.reads if read.hidden is not None])
+    assert hidden.shape == (draws, fit.readout.hidden_size)
+    expected = fit.readout.probabilities(logits, hidden).mean(axis=0)  # the mean over the draws
+    assert answer.probabilities == pytest.approx(expected, abs=1e-12)
