@@ -82,15 +82,12 @@ def calibrate(
     """Fit the calibration of ``data``'s question on its items, each asked as ``slotread eval`` asks it
     with ``request_fields`` (read options such as ``x_permutations``).
 
-    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, no items, items that
-    each ask their own question (BoolQ: one schema per item, nothing to fit across them), or bad fields.
+    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, no items, or bad fields.
     """
     if exclude is not None:
         refuse_overlap(data, exclude)
     if not data.items:
         raise InvalidRequest.at(["data"], f"{_name(data)} has no items")
-    if any(item.instructions is not None for item in data.items):
-        raise InvalidRequest.at(["data"], f"the items of {_name(data)} ask each their own question: no schema to fit")
     fields = {key: value for key, value in (request_fields or {}).items() if key != "x_coverage"}
     fields["x_calibration"] = "contextual"
     requests = [build_request(data.task, item, fields) for item in data.items]

@@ -41,10 +41,7 @@ QUESTION_ID = "answer"
 
 def build_request(task: Task, item: Item, request_fields: dict[str, Any]) -> dict[str, Any]:
     """The System One request for one item: its state, the task's question, and the extra fields."""
-    question = dict(task.question)
-    if item.instructions is not None:
-        question["instructions"] = item.instructions
-    return {**request_fields, "state": item.state, "questions": {QUESTION_ID: question}}
+    return {**request_fields, "state": item.state, "questions": {QUESTION_ID: dict(task.question)}}
 
 
 def option_names(task: Task) -> list[str]:

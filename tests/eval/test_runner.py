@@ -79,18 +79,17 @@ def test_a_folder_holding_another_run_is_refused(tmp_path: Path) -> None:
         run(fewer, out, run_info(fewer, "scripted", {"x_seed": 0}), Scripted, progress=False)
 
 
-def test_requests_carry_the_question_per_item_and_the_extra_fields() -> None:
-    task = Task("noul", {"type": "noul"}, ("yes", "no"))
-    request = build_request(
-        task, Item("7", "a passage", 0, "According to the passage: is it?"), {"x_seed": 3, "x_coverage": 0.9}
-    )
+def test_requests_carry_the_task_question_and_the_extra_fields() -> None:
+    task = Task("noul", {"type": "noul", "instructions": "Is it?"}, ("yes", "no"))
+    request = build_request(task, Item("7", "a passage", 0), {"x_seed": 3, "x_coverage": 0.9})
     assert request == {
         "x_seed": 3,
         "x_coverage": 0.9,
         "state": "a passage",
-        "questions": {"answer": {"type": "noul", "instructions": "According to the passage: is it?"}},
+        "questions": {"answer": {"type": "noul", "instructions": "Is it?"}},
     }
-    assert task.question == {"type": "noul"}
+    request["questions"]["answer"]["instructions"] = "changed"
+    assert task.question == {"type": "noul", "instructions": "Is it?"}
 
 
 def test_read_answer_orders_probabilities_by_class() -> None:
