@@ -79,6 +79,16 @@ def _models_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_fetch(args: argparse.Namespace) -> int:
+    from slotread.models.fetch import default_cache_dir
+    from slotread.models.load import checkpoint_dir
+
+    cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()
+    for name in args.names:
+        print(f"{name}: {checkpoint_dir(name, cache)}")
+    return 0
+
+
 def _models_tiny(args: argparse.Namespace) -> int:
     from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
     from slotread.models.tiny_masked import write_tiny_masked_lm
@@ -217,7 +227,7 @@ def _request_field(text: str) -> tuple[str, Any]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from slotread.eval.datasets import load_dataset, subset
+    from slotread.eval.datasets import fitting_split, load_dataset, subset
     from slotread.eval.report import format_table
 
     if args.dataset is None or args.out is None:
@@ -229,8 +239,8 @@ def _eval(args: argparse.Namespace) -> int:
         if args.baseline:
             from slotread.eval.baseline import evaluate_baseline
 
-            # a built-in set trains on its train split, a labelled file on the --train file
-            train_split = "train" if args.train is None else None
+            # a built-in set trains on its train split (BoolQ: dev_rest), a labelled file on the --train file
+            train_split = fitting_split(args.dataset) if args.train is None else None
             train = load_dataset(
                 args.train or args.dataset, train_split, data_dir=args.data_dir, question=args.question
             )
@@ -308,7 +318,8 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--question", type=Path, help="question file (a System One question object) for a labelled file"
     )
     evaluate.add_argument(
-        "--train", help="train file for the baseline on a labelled file (built-ins use their train split)"
+        "--train",
+        help="train file for the baseline on a labelled file (built-ins use their train split; boolq: dev_rest)",
     )
     _add_item_arguments(
         evaluate, "evaluate", "an extra request field, e.g. x_samples=4 or x_calibration=true; repeatable"
@@ -461,10 +472,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.set_defaults(run=_engine)
 
-    models = commands.add_parser("models", help="list registry models, or write a tiny test model")
+    models = commands.add_parser("models", help="list or fetch registry models, or write a tiny test model")
     model_commands = models.add_subparsers(dest="models_command", required=True)
     listing = model_commands.add_parser("list", help="show the registry models and which are cached")
     listing.set_defaults(run=_models_list)
+    fetch = model_commands.add_parser(
+        "fetch", help="fetch and convert models now (e.g. before serving offline); prints each checkpoint folder"
+    )
+    fetch.add_argument("names", nargs="+", metavar="MODEL", help="registry name, checkpoint dir or .gguf file")
+    fetch.set_defaults(run=_models_fetch)
     tiny = model_commands.add_parser("tiny", help="write a tiny random-weight checkpoint")
     tiny.add_argument("architecture", choices=["diffusion-gemma", "bert", "modernbert"], help="which architecture")
     tiny.add_argument("--out", required=True, help="directory to write the checkpoint to")

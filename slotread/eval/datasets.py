@@ -224,6 +224,11 @@ BUILTIN: dict[str, tuple[Loader, tuple[str, ...]]] = {
 }
 
 
+def fitting_split(name: str) -> str:
+    """The split a built-in set trains or fits on (baselines): ``train``, or BoolQ's ``dev_rest``."""
+    return "dev_rest" if name == "boolq" else "train"
+
+
 def read_question(path: Path) -> dict[str, Any]:
     """A question file: one System One question object (``type``, ``instructions``, ``criteria``)."""
     try:
