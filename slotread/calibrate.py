@@ -15,7 +15,7 @@ calibration fitted on the items it is judged on would look better than it is.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,13 @@ def refuse_overlap(data: Dataset, exclude: Dataset) -> None:
             "fit on data that the evaluation does not use"
         )
         raise InvalidRequest.at(["data"], msg, "overlap")
+
+
+def drop_overlap(data: Dataset, exclude: Dataset) -> tuple[Dataset, int]:
+    """``data`` without the items whose text ``exclude`` holds (compared ``normalised``), and how many left."""
+    held_out = {normalised(item.state) for item in exclude.items}
+    kept = tuple(item for item in data.items if normalised(item.state) not in held_out)
+    return replace(data, items=kept), len(data.items) - len(kept)
 
 
 def _name(dataset: Dataset) -> str:

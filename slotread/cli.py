@@ -44,15 +44,19 @@ def _decide(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import torch
 
-    from slotread.calibrate import calibrate, refuse_overlap
+    from slotread.calibrate import calibrate, drop_overlap, refuse_overlap
     from slotread.decider import Decider
     from slotread.eval.datasets import load_dataset, subset
 
     data = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
-    data = subset(data, args.limit, args.sample_seed)
     exclude = None
     if args.exclude is not None:
         exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
+        if args.drop_overlap:
+            data, dropped = drop_overlap(data, exclude)
+            print(f"dropped {dropped} items of {args.dataset} that also appear in the excluded data")
+    data = subset(data, args.limit, args.sample_seed)
+    if exclude is not None:
         refuse_overlap(data, exclude)  # before loading the model
     decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
     fields = {"x_seed": args.seed, **dict(args.request_field)}
@@ -446,6 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
     )
     fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
+    fit.add_argument(
+        "--drop-overlap",
+        action="store_true",
+        help="leave out the items --exclude holds (before --limit samples) instead of refusing the data",
+    )
     _add_item_arguments(
         fit, "fit on", "a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)"
     )

@@ -76,6 +76,14 @@ def test_overlapping_data_is_refused_before_reading(smollm2: LoadedModel) -> Non
     assert problem["loc"] == ["data"] and "1 of 3 items of train.csv also appear in banking77 test" in problem["msg"]
 
 
+def test_drop_overlap_leaves_out_the_excluded_texts() -> None:
+    test = Dataset("banking77", "test", TASK, (Item("0", "  my CARD never arrived. ", 1),))
+    kept, dropped = drop_overlap(DATA, test)
+    assert dropped == 1 and len(kept.items) == len(DATA.items) - 1
+    assert all(normalised(item.state) != "my card never arrived." for item in kept.items)
+    refuse_overlap(kept, test)  # nothing left to refuse
+
+
 def test_the_command_writes_the_artifact_and_refuses_overlap_with_exit_2(
     smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
