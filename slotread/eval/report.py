@@ -40,6 +40,8 @@ COLUMNS = {
     "latency_p50_ms": "p50 ms",
     "latency_p95_ms": "p95 ms",
     "reads_per_item": "reads",
+    "coverage": "coverage",
+    "mean_set_size": "set size",
 }
 
 
@@ -77,6 +79,7 @@ def write_report(out: Path) -> dict[str, Any]:
         positive=positive,
         latency_ms=predictions.latency_ms,
         reads=predictions.reads,
+        sets=predictions.sets,
     )
     body: dict[str, Any] = {key: info[key] for key in ("system", "dataset", "split")}
     body["items"] = len(predictions.ids)
@@ -118,7 +121,7 @@ def _cell(key: str, value: Any) -> str:
             f"{value:.0f}"
             if key.startswith("latency")
             else f"{value:.2f}"
-            if key == "reads_per_item"
+            if key in ("reads_per_item", "mean_set_size")
             else f"{value:.3f}"
         )
     return str(value)

@@ -62,6 +62,7 @@ def read_answer(task: Task, response: dict[str, Any]) -> Prediction:
     stderr = answer.get("x_stderr")
     if isinstance(stderr, dict):
         stderr = stderr[names[int(p.argmax())]]
+    members = answer.get("x_set")  # present when the request asked for x_coverage
     return Prediction(
         probabilities=p,
         reads=answer.get("x_reads"),
@@ -69,6 +70,7 @@ def read_answer(task: Task, response: dict[str, Any]) -> Prediction:
         label_mass=answer.get("x_label_mass"),
         entropy=answer.get("x_entropy"),
         stderr=stderr,
+        prediction_set=None if members is None else tuple(sorted(names.index(name) for name in members)),
     )
 
 

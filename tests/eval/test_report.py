@@ -82,6 +82,21 @@ def test_undefined_metrics_are_null_in_metrics_json(tmp_path: Path) -> None:
     assert metrics["oos_precision"] is None and metrics["oos_recall"] is None
 
 
+def test_metrics_json_reports_coverage_and_set_size_of_a_run_with_sets(tmp_path: Path) -> None:
+    # items 0-9, gold i % 2; the set is both classes for items 0-2, {0} for the rest:
+    # gold in set for 0, 1, 2 and the even items 4, 6, 8 -> coverage 6 / 10; sizes 3 * 2 + 7 * 1 = 13 -> 1.3
+    def predict(item: Item) -> Prediction:
+        members = (0, 1) if int(item.id) < 3 else (0,)
+        return Prediction(np.array([0.6, 0.4]), reads=1, prediction_set=members)
+
+    out = tmp_path / "a"
+    run(DATASET, out, run_info(DATASET, "model-a", {"x_coverage": 0.9}), lambda: predict, progress=False)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["coverage"] == pytest.approx(0.6) and metrics["mean_set_size"] == pytest.approx(1.3)
+    table = format_table([metrics]).splitlines()
+    assert table[0].endswith("| reads | coverage | set size |") and table[2].endswith("| 1.00 | 0.600 | 1.30 |")
+
+
 def test_format_table_shows_the_columns_any_run_has() -> None:
     runs = [
         {

@@ -113,6 +113,16 @@ def test_read_answer_orders_probabilities_by_class() -> None:
         {"answers": {"answer": {"noul": 0.25}}, "usage": {"input_tokens": 1}},
     )
     assert noul.probabilities.tolist() == [0.25, 0.75]
+    assert prediction.prediction_set is None and noul.prediction_set is None
+
+
+def test_read_answer_keeps_the_prediction_set_as_class_indices() -> None:
+    response = {
+        "answers": {"answer": {"probabilities": {"c": 0.1, "a": 0.5, "b": 0.4}, "x_set": ["b", "a"]}},
+        "usage": {"input_tokens": 3},
+    }
+    prediction = read_answer(TASK, response)
+    assert prediction.probabilities.tolist() == [0.5, 0.4, 0.1] and prediction.prediction_set == (0, 1)
 
 
 @pytest.fixture(scope="module")
