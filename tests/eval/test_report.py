@@ -36,8 +36,33 @@ def test_compare_pairs_the_items_and_tests_them_exactly(tmp_path: Path) -> None:
     assert (comparison.items, comparison.a_only, comparison.b_only) == (10, 6, 1)
     assert comparison.accuracy_a == pytest.approx(0.8) and comparison.accuracy_b == pytest.approx(0.3)
     assert comparison.p_value == pytest.approx(0.125)
+    # two classes: the predictions differ exactly where one run is right and the other wrong (2-8)
+    assert comparison.flips == 7 and comparison.flip_rate == pytest.approx(0.7)
     text = format_comparison(comparison)
     assert "difference (A - B): +0.500" in text and "exact McNemar p = 0.125" in text
+    assert "predicted class differs (flip rate): 0.700 (7 of 10)" in text
+
+
+def test_the_flip_rate_counts_changed_predictions_right_or_wrong(tmp_path: Path) -> None:
+    task = Task("choice", {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, ("A", "B", "C"))
+    dataset = Dataset("toy", "test", task, tuple(Item(str(i), f"s{i}", 0) for i in range(5)))
+    # predicted classes, items 0-4: A -> 0, 1, 2, 0, 1; B -> 0, 2, 1, 1, 1
+    # item 1 (1 -> 2) and item 2 (2 -> 1) flip while both runs are wrong; item 3 (0 -> 1) flips right to wrong
+    # -> 3 flips of 5, one discordant pair (only A right on item 3)
+    picks = {"a": [0, 1, 2, 0, 1], "b": [0, 2, 1, 1, 1]}
+
+    def runs(name: str) -> Path:
+        def predict(item: Item) -> Prediction:
+            p = np.full(3, 0.2)
+            p[picks[name][int(item.id)]] = 0.6
+            return Prediction(p)
+
+        run(dataset, tmp_path / name, run_info(dataset, name, {"x_seed": 0}), lambda: predict, progress=False)
+        return tmp_path / name
+
+    comparison = compare(runs("a"), runs("b"))
+    assert (comparison.flips, comparison.a_only, comparison.b_only) == (3, 1, 0)
+    assert comparison.flip_rate == pytest.approx(0.6)
 
 
 def test_compare_uses_only_the_items_both_runs_have(tmp_path: Path) -> None:
