@@ -242,3 +242,26 @@ def test_a_shuffled_run_asks_the_reordered_options_and_keeps_class_order(decider
             assert float(row[f"p:{name}"]) == answer["probabilities"][option]
     plain = decider.decide(build_request(task, dataset.items[0], {"x_seed": 1}))["answers"]["answer"]
     assert plain["probabilities"] != decider.decide(sent)["answers"]["answer"]["probabilities"]  # the order matters
+
+
+def test_a_run_with_x_coverage_records_each_set_and_reports_coverage(smollm2: LoadedModel, tmp_path: Path) -> None:
+    criteria = {"card arrival": None, "request refund": None, "lost or stolen card": None}
+    task = Task("choice", {"type": "choice", "instructions": "Which topic?", "criteria": criteria}, tuple("ABC"))
+    texts = ["my card has not come", "give me my money back", "someone took my card", "where is my new card"]
+    dataset = Dataset("toy", "test", task, tuple(Item(str(i), text, i % 3) for i, text in enumerate(texts)))
+    artifacts = tmp_path / "calibration"
+    calibrate(Decider(smollm2), dataset).calibration.save(artifacts / "toy.json")
+    decider = Decider(smollm2, calibration_dir=artifacts)
+    out = tmp_path / "run"
+    fields = {"x_coverage": 0.5}
+    metrics = evaluate_model(dataset, out, decider, request_fields=fields, progress=False)
+    rows = list(csv.DictReader((out / "predictions.csv").read_text().splitlines()))
+    sets = []
+    for row, item in zip(rows, dataset.items, strict=True):
+        answer = decider.decide(build_request(task, item, {"x_seed": 0, **fields}))["answers"]["answer"]
+        members = json.loads(row["set"])
+        assert [list(criteria)[k] for k in members] == answer["x_set"]  # the served set, as class indices
+        sets.append(members)
+    covered = [item.gold in members for members, item in zip(sets, dataset.items, strict=True)]
+    assert metrics["coverage"] == pytest.approx(np.mean(covered))
+    assert metrics["mean_set_size"] == pytest.approx(np.mean([len(m) for m in sets]))
