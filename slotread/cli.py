@@ -237,6 +237,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.dataset is None or args.out is None:
         print("slotread eval: --dataset and --out are required", file=sys.stderr)
         return 1
+    if args.baseline and args.shuffle_options is not None:
+        print("slotread eval: --shuffle-options reorders a model's options; the baseline reads none", file=sys.stderr)
+        return 1
     dataset = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
     dataset = subset(dataset, args.limit, args.sample_seed)
     try:
@@ -262,6 +265,7 @@ def _eval(args: argparse.Namespace) -> int:
                 device=args.device,
                 dtype=args.dtype,
                 calibration_dir=args.calibration,
+                shuffle_seed=args.shuffle_options,
                 progress=not args.no_progress,
             )
     except KeyboardInterrupt:
@@ -331,6 +335,13 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument(
         "--calibration", type=Path, help="directory of calibration artifacts (slotread calibrate --out) to serve"
     )
+    evaluate.add_argument(
+        "--shuffle-options",
+        type=int,
+        metavar="SEED",
+        help="ask a choice question with its options in this seeded random order (predictions stay in class "
+        "order; eval compare against the unshuffled run prints the option-order flip rate)",
+    )
     evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     evaluate.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
@@ -341,7 +352,9 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bar")
     evaluate.set_defaults(run=_eval)
     runs = evaluate.add_subparsers(dest="eval_command")
-    comparing = runs.add_parser("compare", help="paired accuracy of two runs and an exact McNemar test")
+    comparing = runs.add_parser(
+        "compare", help="paired accuracy of two runs, an exact McNemar test and the flip rate (predictions that differ)"
+    )
     comparing.add_argument("run_a", type=Path, help="run folder A")
     comparing.add_argument("run_b", type=Path, help="run folder B")
     comparing.set_defaults(run=_eval_compare)
