@@ -15,7 +15,7 @@ calibration fitted on the items it is judged on would look better than it is.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -61,28 +61,21 @@ def refuse_overlap(data: Dataset, exclude: Dataset) -> None:
     overlap = [item for item in data.items if normalised(item.state) in held_out]
     if overlap:
         msg = (
-            f"{len(overlap)} of {len(data.items)} items of {dataset_name(data)} also appear in {dataset_name(exclude)} "
+            f"{len(overlap)} of {len(data.items)} items of {_name(data)} also appear in {_name(exclude)} "
             f"(texts compared with whitespace collapsed and case folded), e.g. {overlap[0].state!r}; "
             "fit on data that the evaluation does not use"
         )
         raise InvalidRequest.at(["data"], msg, "overlap")
 
 
-def refuse_unfit(data: Dataset, exclude: Dataset | None) -> None:
-    """Raise InvalidRequest for data nothing can be fitted on: overlapping ``exclude``, without items, or
-    with items that each ask their own question (BoolQ: one schema per item, nothing to fit across them)."""
-    if exclude is not None:
-        refuse_overlap(data, exclude)
-    if not data.items:
-        raise InvalidRequest.at(["data"], f"{dataset_name(data)} has no items")
-    if any(item.instructions is not None for item in data.items):
-        raise InvalidRequest.at(
-            ["data"], f"the items of {dataset_name(data)} ask each their own question: no schema to fit"
-        )
+def drop_overlap(data: Dataset, exclude: Dataset) -> tuple[Dataset, int]:
+    """``data`` without the items whose text ``exclude`` holds (compared ``normalised``), and how many left."""
+    held_out = {normalised(item.state) for item in exclude.items}
+    kept = tuple(item for item in data.items if normalised(item.state) not in held_out)
+    return replace(data, items=kept), len(data.items) - len(kept)
 
 
-def dataset_name(dataset: Dataset) -> str:
-    """A dataset as artifacts and messages name it: its name, then its split if any."""
+def _name(dataset: Dataset) -> str:
     return dataset.name + (f" {dataset.split}" if dataset.split else "")
 
 
@@ -96,10 +89,12 @@ def calibrate(
     """Fit the calibration of ``data``'s question on its items, each asked as ``slotread eval`` asks it
     with ``request_fields`` (read options such as ``x_permutations``).
 
-    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, no items, items that
-    each ask their own question (BoolQ: one schema per item, nothing to fit across them), or bad fields.
+    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, no items, or bad fields.
     """
-    refuse_unfit(data, exclude)
+    if exclude is not None:
+        refuse_overlap(data, exclude)
+    if not data.items:
+        raise InvalidRequest.at(["data"], f"{_name(data)} has no items")
     fields = {key: value for key, value in (request_fields or {}).items() if key != "x_coverage"}
     fields["x_calibration"] = "contextual"
     requests = [build_request(data.task, item, fields) for item in data.items]
@@ -126,12 +121,12 @@ def calibrate(
     }
     ids = [item.id for item in data.items]
     fitted_on = {
-        "data": dataset_name(data),
+        "data": _name(data),
         "sample": list(data.sample) if data.sample else None,
         "items": len(ids),
         "ids": ids,
         "ids_sha256": hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest(),
-        "excluded": dataset_name(exclude) if exclude else None,
+        "excluded": _name(exclude) if exclude else None,
         "excluded_items": len(exclude.items) if exclude else 0,
         "request": {"x_permutations": decision.permutations, "x_samples": decision.samples, "x_seed": decision.seed},
     }

@@ -48,15 +48,19 @@ def _decide(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import torch
 
-    from slotread.calibrate import calibrate, refuse_overlap
+    from slotread.calibrate import calibrate, drop_overlap, refuse_overlap
     from slotread.decider import Decider
     from slotread.eval.datasets import load_dataset, subset
 
     data = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
-    data = subset(data, args.limit, args.sample_seed)
     exclude = None
     if args.exclude is not None:
         exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
+        if args.drop_overlap:
+            data, dropped = drop_overlap(data, exclude)
+            print(f"dropped {dropped} items of {args.dataset} that also appear in the excluded data")
+    data = subset(data, args.limit, args.sample_seed)
+    if exclude is not None:
         refuse_overlap(data, exclude)  # before loading the model
     decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
     fields = {"x_seed": args.seed, **dict(args.request_field)}
@@ -77,10 +81,10 @@ def _fit(args: argparse.Namespace) -> int:
 
     from slotread.calibrate import refuse_overlap
     from slotread.decider import Decider
-    from slotread.eval.datasets import BUILTIN, load_dataset, subset
+    from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, subset
     from slotread.fit import fit_readout
 
-    split = args.split or ("train" if args.dataset in BUILTIN else None)
+    split = args.split or (fitting_split(args.dataset) if args.dataset in BUILTIN else None)
     data = load_dataset(args.dataset, split, data_dir=args.data_dir, question=args.question)
     data = subset(data, args.limit, args.sample_seed)
     exclude = None
@@ -126,6 +130,16 @@ def _models_list(args: argparse.Namespace) -> int:
     for row in rows:
         status = f"cached at {row.path}" if row.cached else "not cached (fetched on first use)"
         print(f"{row.name:<{width}}  {row.description}\n{'':<{width}}  {status}")
+    return 0
+
+
+def _models_fetch(args: argparse.Namespace) -> int:
+    from slotread.models.fetch import default_cache_dir
+    from slotread.models.load import checkpoint_dir
+
+    cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()
+    for name in args.names:
+        print(f"{name}: {checkpoint_dir(name, cache)}")
     return 0
 
 
@@ -269,11 +283,14 @@ def _request_field(text: str) -> tuple[str, Any]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from slotread.eval.datasets import load_dataset, subset
+    from slotread.eval.datasets import fitting_split, load_dataset, subset
     from slotread.eval.report import format_table
 
     if args.dataset is None or args.out is None:
         print("slotread eval: --dataset and --out are required", file=sys.stderr)
+        return 1
+    if args.baseline and args.shuffle_options is not None:
+        print("slotread eval: --shuffle-options reorders a model's options; the baseline reads none", file=sys.stderr)
         return 1
     dataset = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
     dataset = subset(dataset, args.limit, args.sample_seed)
@@ -281,8 +298,8 @@ def _eval(args: argparse.Namespace) -> int:
         if args.baseline:
             from slotread.eval.baseline import evaluate_baseline
 
-            # a built-in set trains on its train split, a labelled file on the --train file
-            train_split = "train" if args.train is None else None
+            # a built-in set trains on its train split (BoolQ: dev_rest), a labelled file on the --train file
+            train_split = fitting_split(args.dataset) if args.train is None else None
             train = load_dataset(
                 args.train or args.dataset, train_split, data_dir=args.data_dir, question=args.question
             )
@@ -304,6 +321,7 @@ def _eval(args: argparse.Namespace) -> int:
                 dtype=args.dtype,
                 calibration_dir=args.calibration,
                 readout_dir=args.readout,
+                shuffle_seed=args.shuffle_options,
                 progress=not args.no_progress,
             )
     except KeyboardInterrupt:
@@ -364,7 +382,8 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--question", type=Path, help="question file (a System One question object) for a labelled file"
     )
     evaluate.add_argument(
-        "--train", help="train file for the baseline on a labelled file (built-ins use their train split)"
+        "--train",
+        help="train file for the baseline on a labelled file (built-ins use their train split; boolq: dev_rest)",
     )
     _add_item_arguments(
         evaluate, "evaluate", "an extra request field, e.g. x_samples=4 or x_calibration=true; repeatable"
@@ -377,6 +396,13 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         type=Path,
         help="directory of learned readouts (slotread fit --out) to answer with; sets x_readout=true",
     )
+    evaluate.add_argument(
+        "--shuffle-options",
+        type=int,
+        metavar="SEED",
+        help="ask a choice question with its options in this seeded random order (predictions stay in class "
+        "order; eval compare against the unshuffled run prints the option-order flip rate)",
+    )
     evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     evaluate.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
@@ -387,7 +413,9 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bar")
     evaluate.set_defaults(run=_eval)
     runs = evaluate.add_subparsers(dest="eval_command")
-    comparing = runs.add_parser("compare", help="paired accuracy of two runs and an exact McNemar test")
+    comparing = runs.add_parser(
+        "compare", help="paired accuracy of two runs, an exact McNemar test and the flip rate (predictions that differ)"
+    )
     comparing.add_argument("run_a", type=Path, help="run folder A")
     comparing.add_argument("run_b", type=Path, help="run folder B")
     comparing.set_defaults(run=_eval_compare)
@@ -411,7 +439,7 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     source = fit.add_mutually_exclusive_group(required=True)
     source.add_argument("--dataset", help="banking77, clinc150, sst5, or a labelled .jsonl/.csv file to fit on")
     source.add_argument("--data", dest="dataset", help="a labelled .jsonl/.csv file to fit on (with --questions)")
-    fit.add_argument("--split", help="split of a built-in dataset to fit on (default: train)")
+    fit.add_argument("--split", help="split of a built-in dataset to fit on (default: train; boolq: dev_rest)")
     fit.add_argument(
         "--questions", "--question", dest="question", type=Path, help="question file (a System One question object)"
     )
@@ -568,6 +596,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
     )
     fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
+    fit.add_argument(
+        "--drop-overlap",
+        action="store_true",
+        help="leave out the items --exclude holds (before --limit samples) instead of refusing the data",
+    )
     _add_item_arguments(
         fit, "fit on", "a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)"
     )
@@ -596,10 +629,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.set_defaults(run=_engine)
 
-    models = commands.add_parser("models", help="list registry models, or write a tiny test model")
+    models = commands.add_parser("models", help="list or fetch registry models, or write a tiny test model")
     model_commands = models.add_subparsers(dest="models_command", required=True)
     listing = model_commands.add_parser("list", help="show the registry models and which are cached")
     listing.set_defaults(run=_models_list)
+    fetch = model_commands.add_parser(
+        "fetch", help="fetch and convert models now (e.g. before serving offline); prints each checkpoint folder"
+    )
+    fetch.add_argument("names", nargs="+", metavar="MODEL", help="registry name, checkpoint dir or .gguf file")
+    fetch.set_defaults(run=_models_fetch)
     tiny = model_commands.add_parser("tiny", help="write a tiny random-weight checkpoint")
     tiny.add_argument("architecture", choices=["diffusion-gemma", "bert", "modernbert"], help="which architecture")
     tiny.add_argument("--out", required=True, help="directory to write the checkpoint to")

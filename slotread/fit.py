@@ -30,7 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from slotread.api.systemone import parse_request, to_decision
-from slotread.calibrate import dataset_name, normalised, refuse_unfit
+from slotread.calibrate import drop_overlap as overlap_dropped
+from slotread.calibrate import refuse_overlap
 from slotread.core.decide import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
@@ -55,6 +56,11 @@ class ReadoutFit:
     metrics: dict[str, float]
 
 
+def dataset_name(dataset: Dataset) -> str:
+    """A dataset as the artifact names it: its name, then its split if any."""
+    return dataset.name + (f" {dataset.split}" if dataset.split else "")
+
+
 def per_class_sample(data: Dataset, per_class: int | None, seed: int) -> Dataset:
     """At most ``per_class`` items of each class, drawn with ``random.Random(seed)``, kept in file order."""
     if per_class is None:
@@ -65,12 +71,6 @@ def per_class_sample(data: Dataset, per_class: int | None, seed: int) -> Dataset
     rng = random.Random(seed)
     kept = sorted(i for members in by_class.values() for i in rng.sample(members, min(per_class, len(members))))
     return replace(data, items=tuple(data.items[i] for i in kept))
-
-
-def without_overlap(data: Dataset, exclude: Dataset) -> Dataset:
-    """``data`` without the items whose text ``exclude`` also holds (compared as ``refuse_overlap`` does)."""
-    held_out = {normalised(item.state) for item in exclude.items}
-    return replace(data, items=tuple(item for item in data.items if normalised(item.state) not in held_out))
 
 
 def holdout_split(gold: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,17 +137,19 @@ def fit_readout(
     ``drop_overlap`` drops the items that ``exclude`` holds instead of refusing the data (BANKING77's
     train split repeats 7 of its test messages).
 
-    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, with
-    per-item questions, or read options x_readout refuses; ValueError for a holdout share outside (0, 1)
+    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, or read
+    options x_readout refuses; ValueError for a holdout share outside (0, 1)
     or an engine that returns no hidden states for a "hidden+logits" readout.
     """
     if not 0 < holdout < 1:
         raise ValueError(f"the holdout share must be between 0 and 1, got {holdout}")
     dropped = 0
-    if drop_overlap and exclude is not None:
-        kept = without_overlap(data, exclude)
-        data, dropped = kept, len(data.items) - len(kept.items)
-    refuse_unfit(data, exclude)
+    if exclude is not None:
+        if drop_overlap:
+            data, dropped = overlap_dropped(data, exclude)
+        refuse_overlap(data, exclude)
+    if not data.items:
+        raise InvalidRequest.at(["data"], f"{dataset_name(data)} has no items")
     data = per_class_sample(data, per_class, seed)
     fields = {**(request_fields or {}), "x_readout": True}
     requests = [build_request(data.task, item, fields) for item in data.items]

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slotread.calibrate import calibrate
+from slotread.calibrate import calibrate, drop_overlap, normalised, refuse_overlap
 from slotread.cli import main
 from slotread.core.aggregate import softmax
 from slotread.decider import Decider
@@ -67,16 +67,21 @@ def test_a_fit_holds_the_temperature_content_free_reads_and_conformal_scores(smo
     assert artifact.conformal["contextual"] == pytest.approx(1 - contextual[items, fit.gold])
 
 
-def test_overlapping_data_and_per_item_questions_are_refused_before_reading(smollm2: LoadedModel) -> None:
+def test_overlapping_data_is_refused_before_reading(smollm2: LoadedModel) -> None:
     decider = Decider(smollm2)
     test = Dataset("banking77", "test", TASK, (Item("0", "  my CARD never arrived. ", 1),))
     with pytest.raises(InvalidRequest) as caught:
         calibrate(decider, DATA, exclude=test)
     (problem,) = caught.value.detail
     assert problem["loc"] == ["data"] and "1 of 3 items of train.csv also appear in banking77 test" in problem["msg"]
-    boolq = Dataset("boolq", "dev", Task("noul", {"type": "noul"}, ("yes", "no")), (Item("0", "p", 0, "q?"),))
-    with pytest.raises(InvalidRequest, match="ask each their own question"):
-        calibrate(decider, boolq)
+
+
+def test_drop_overlap_leaves_out_the_excluded_texts() -> None:
+    test = Dataset("banking77", "test", TASK, (Item("0", "  my CARD never arrived. ", 1),))
+    kept, dropped = drop_overlap(DATA, test)
+    assert dropped == 1 and len(kept.items) == len(DATA.items) - 1
+    assert all(normalised(item.state) != "my card never arrived." for item in kept.items)
+    refuse_overlap(kept, test)  # nothing left to refuse
 
 
 def test_the_command_writes_the_artifact_and_refuses_overlap_with_exit_2(

@@ -70,6 +70,13 @@ def test_models_list_names_the_registry(cache_dir: Path, capsys: pytest.CaptureF
         assert name in out
 
 
+def test_models_fetch_prints_the_converted_checkpoint(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cache-dir", str(cache_dir), "models", "fetch", "smollm2-135m-instruct"]) == 0
+    folder = Path(capsys.readouterr().out.strip().split(": ", 1)[1])
+    assert folder == cache_dir / "models" / "smollm2-135m-instruct" and (folder / "config.json").is_file()
+    assert main(["--cache-dir", str(cache_dir), "models", "fetch", "no-such-model"]) == 1
+
+
 @pytest.mark.parametrize("architecture", ["diffusion-gemma", "bert", "modernbert"])
 def test_models_tiny_writes_a_loadable_checkpoint(
     architecture: str, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -6,7 +6,8 @@ Built-in sets are folders of the data directory (each with its PROVENANCE.md):
     clinc150   test (default), val, train, test_2per_label
                                                     one 151-option choice, out-of-scope included
     sst5       test (default), val, train           a 5-level score of the review
-    boolq      dev (default), dev_500               a noul over the passage, the question per item
+    boolq      dev (default), dev_500, dev_rest     a noul over the passage and its question
+                                                    (dev_rest: dev without dev_500, to fit on)
 
 Any other labelled file works with a question file: a ``.jsonl`` of objects or a ``.csv`` with a
 ``text`` and a ``label`` field (``id`` optional, else the row number), and a JSON file holding the
@@ -45,7 +46,10 @@ CLINC150_QUESTION = "Which of these intents does this message to a virtual assis
 CLINC150_OUT_OF_SCOPE = ("out of scope", "the message fits none of the other intents")
 SST5_QUESTION = "How positive is this movie review?"
 SST5_LEVELS = ("very negative", "negative", "neutral", "positive", "very positive")
-BOOLQ_QUESTION = "According to the passage: {question}?"
+# BoolQ's question goes into the state beside its passage, so every item asks one question (one
+# schema): calibration artifacts and content-free reads are per schema.
+BOOLQ_QUESTION = "Going by the passage, is the answer to the question yes?"
+BOOLQ_STATE = "{passage}\n\nQuestion: {question}?"
 
 #: Words respelled when a category name is made readable; the rest are lower-cased.
 SPELLING = {
@@ -82,13 +86,11 @@ class Task:
 
 @dataclass(frozen=True)
 class Item:
-    """One labelled state: ``gold`` indexes ``Task.classes``; ``instructions``, when set, replace the
-    question's own for this item (BoolQ asks each passage its own question)."""
+    """One labelled state: ``gold`` indexes ``Task.classes``."""
 
     id: str
     state: str
     gold: int
-    instructions: str | None = None
 
 
 @dataclass(frozen=True)
@@ -195,14 +197,20 @@ def _sst5(folder: Path, split: str) -> tuple[Task, list[Item]]:
 
 
 def _boolq(folder: Path, split: str) -> tuple[Task, list[Item]]:
-    task = Task("noul", {"type": "noul"}, ("yes", "no"))
-    path = folder / f"{split}.jsonl"
+    task = Task("noul", {"type": "noul", "instructions": BOOLQ_QUESTION}, ("yes", "no"))
+    held_out: set[str] = set()
+    if split == "dev_rest":
+        split, held_out = "dev", {item.id for item in _boolq_items(folder / "dev_500.jsonl", task)}
+    return task, [item for item in _boolq_items(folder / f"{split}.jsonl", task) if item.id not in held_out]
+
+
+def _boolq_items(path: Path, task: Task) -> list[Item]:
     items = []
     for line, row in _jsonl_rows(path):
-        question = BOOLQ_QUESTION.format(question=_field(path, line, row, "question"))
-        gold = _gold(path, line, _field(path, line, row, "label"), task.classes)
-        items.append(Item(str(_field(path, line, row, "idx")), _field(path, line, row, "passage"), gold, question))
-    return task, items
+        fields = {name: _field(path, line, row, name) for name in ("idx", "passage", "question", "label")}
+        state = BOOLQ_STATE.format(passage=fields["passage"], question=fields["question"])
+        items.append(Item(str(fields["idx"]), state, _gold(path, line, fields["label"], task.classes)))
+    return items
 
 
 Loader = Callable[[Path, str], tuple[Task, list[Item]]]
@@ -212,8 +220,13 @@ BUILTIN: dict[str, tuple[Loader, tuple[str, ...]]] = {
     "banking77": (_banking77, ("test", "train", "subset154")),
     "clinc150": (_clinc150, ("test", "val", "train", "test_2per_label")),
     "sst5": (_sst5, ("test", "val", "train")),
-    "boolq": (_boolq, ("dev", "dev_500")),
+    "boolq": (_boolq, ("dev", "dev_500", "dev_rest")),
 }
+
+
+def fitting_split(name: str) -> str:
+    """The split a built-in set trains or fits on (baselines): ``train``, or BoolQ's ``dev_rest``."""
+    return "dev_rest" if name == "boolq" else "train"
 
 
 def read_question(path: Path) -> dict[str, Any]:

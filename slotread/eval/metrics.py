@@ -9,6 +9,7 @@ predicted) is NaN, and written to JSON as null.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,16 @@ def within_one(predicted: np.ndarray, gold: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - gold) <= 1))
 
 
+def coverage(sets: Sequence[tuple[int, ...]], gold: np.ndarray) -> float:
+    """Empirical coverage of prediction sets: share of items whose gold class is in the item's set."""
+    return float(np.mean([int(g) in members for members, g in zip(sets, gold, strict=True)]))
+
+
+def mean_set_size(sets: Sequence[tuple[int, ...]]) -> float:
+    """Mean number of classes in a prediction set (an empty set counts 0)."""
+    return float(np.mean([len(members) for members in sets]))
+
+
 def percentile(values: np.ndarray, q: float) -> float:
     """The q-th percentile, linear interpolation between order statistics (numpy's default)."""
     return float(np.percentile(values, q))
@@ -141,12 +152,14 @@ def summarise(
     positive: int | None,
     latency_ms: np.ndarray,
     reads: np.ndarray | None,
+    sets: Sequence[tuple[int, ...] | None] | None = None,
 ) -> dict[str, float]:
     """Every metric of one run, keyed as in metrics.json.
 
     ``ordinal`` adds quadratic weighted kappa and within-one accuracy (scores); ``positive`` is the
     class whose precision and recall are reported (CLINC150's out-of-scope); ``reads`` is None when
-    the predictor reads no model (the baseline).
+    the predictor reads no model (the baseline); ``sets`` (an item's conformal set, None where it
+    has none) adds coverage and mean set size over the items that have a set.
     """
     predicted = probabilities.argmax(axis=1)
     metrics = {
@@ -165,4 +178,10 @@ def summarise(
     metrics["latency_p95_ms"] = percentile(latency_ms, 95)
     if reads is not None:
         metrics["reads_per_item"] = float(np.mean(reads))
+    if sets is not None:
+        with_set = [k for k, members in enumerate(sets) if members is not None]
+        present = [members for members in sets if members is not None]
+        if present:
+            metrics["coverage"] = coverage(present, gold[with_set])
+            metrics["mean_set_size"] = mean_set_size(present)
     return metrics

@@ -1,10 +1,13 @@
 """predictions.csv: one row per item, appended and flushed as each item is answered.
 
-Columns: ``id, gold, predicted, correct, latency_ms, reads, input_tokens, label_mass, entropy, stderr``
-and then ``p:<class>`` for every class in option order (full-precision floats). ``gold`` and
+Columns: ``id, gold, predicted, correct, latency_ms, reads, input_tokens, label_mass, entropy, stderr,
+set`` and then ``p:<class>`` for every class in option order (full-precision floats). ``gold`` and
 ``predicted`` are class names as the data writes them; the diagnostics are empty where the predictor
 has none (the baseline reads no model). ``stderr`` is the standard error of the predicted option's
-probability over the draws (empty when it was read once).
+probability over the draws (empty when it was read once). ``set`` is the conformal prediction set
+(``x_set``, asked for with ``x_coverage``) as a JSON list of class indices, e.g. ``[0,3]`` (``[]`` an
+empty set), and empty when the answer had none. Files written before the ``set`` column existed are
+read as they are and get an empty ``set`` cell per row when reopened for appending.
 
 A row is complete once its newline is written, so a run killed mid-row leaves a torn last line that
 reopening drops; the rows before it are kept and their items are not read again.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -34,8 +38,11 @@ COLUMNS = (
     "label_mass",
     "entropy",
     "stderr",
+    "set",
 )
 PROBABILITY = "p:"
+#: The columns before ``set`` was added: such files stay readable and resumable.
+LEGACY_COLUMNS = COLUMNS[:-1]
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,16 @@ class Prediction:
     label_mass: float | None = None
     entropy: float | None = None
     stderr: float | None = None
+    prediction_set: tuple[int, ...] | None = None  # class indices of the conformal set (x_set)
 
 
 @dataclass(frozen=True)
 class Predictions:
-    """A predictions.csv read back: one entry per row, in file order; ``reads`` None for the baseline."""
+    """A predictions.csv read back: one entry per row, in file order; ``reads`` None for the baseline.
+
+    ``sets`` holds each row's conformal prediction set (class indices, None for a row without one),
+    or is None when no row has one.
+    """
 
     ids: tuple[str, ...]
     classes: tuple[str, ...]
@@ -60,6 +72,7 @@ class Predictions:
     gold: np.ndarray  # (N,) class indices
     latency_ms: np.ndarray  # (N,)
     reads: np.ndarray | None  # (N,)
+    sets: tuple[tuple[int, ...] | None, ...] | None = None
 
 
 def _complete_rows(path: Path) -> str:
@@ -77,6 +90,20 @@ def _cell(value: float | int | None) -> str:
     return "" if value is None else repr(value)
 
 
+def _set_cell(prediction_set: tuple[int, ...] | None) -> str:
+    return "" if prediction_set is None else json.dumps(list(prediction_set), separators=(",", ":"))
+
+
+def _upgrade(rows: list[list[str]]) -> str:
+    """A file in the legacy layout rewritten with an empty ``set`` cell in every row."""
+    at = len(LEGACY_COLUMNS)
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle, lineterminator="\n")
+    writer.writerow([*rows[0][:at], "set", *rows[0][at:]])
+    writer.writerows([*row[:at], "", *row[at:]] for row in rows[1:])
+    return handle.getvalue()
+
+
 class PredictionsFile:
     """predictions.csv opened for appending; ``done`` holds the ids of the complete rows already there."""
 
@@ -87,7 +114,9 @@ class PredictionsFile:
         if path.exists():
             text = _complete_rows(path)
             rows = list(csv.reader(io.StringIO(text, newline="")))
-            if rows and rows[0] != columns:
+            if rows and rows[0] == [*LEGACY_COLUMNS, *columns[len(COLUMNS) :]]:
+                text = _upgrade(rows)
+            elif rows and rows[0] != columns:
                 raise EvalError(f"{path} has other columns than this run writes; use another --out")
             self.done = {row[0] for row in rows[1:]}
             path.write_text(text, encoding="utf-8")  # drop a torn last row
@@ -106,7 +135,8 @@ class PredictionsFile:
         top = int(p.argmax())
         row = [item_id, self.classes[gold], self.classes[top], str(int(top == gold)), repr(latency_ms)]
         row += [_cell(prediction.reads), _cell(prediction.input_tokens), _cell(prediction.label_mass)]
-        row += [_cell(prediction.entropy), _cell(prediction.stderr), *(repr(float(v)) for v in p)]
+        row += [_cell(prediction.entropy), _cell(prediction.stderr), _set_cell(prediction.prediction_set)]
+        row += [repr(float(v)) for v in p]
         self._write(row)
         self.done.add(item_id)
 
@@ -133,11 +163,15 @@ def read_predictions(path: Path) -> Predictions:
     classes = tuple(name[len(PROBABILITY) :] for name in rows[0] if name.startswith(PROBABILITY))
     table = np.array(rows[1:], dtype=object)
     reads = table[:, column["reads"]]
+    sets = table[:, column["set"]] if "set" in column else np.full(len(table), "")
     return Predictions(
         ids=tuple(table[:, column["id"]]),
         classes=classes,
-        probabilities=table[:, len(COLUMNS) :].astype(np.float64),
+        probabilities=table[:, [k for k, name in enumerate(rows[0]) if name.startswith(PROBABILITY)]].astype(
+            np.float64
+        ),
         gold=np.array([classes.index(name) for name in table[:, column["gold"]]]),
         latency_ms=table[:, column["latency_ms"]].astype(np.float64),
         reads=None if (reads == "").all() else np.array([float(r) if r else np.nan for r in reads]),
+        sets=None if (sets == "").all() else tuple(tuple(json.loads(cell)) if cell else None for cell in sets),
     )

@@ -40,6 +40,8 @@ COLUMNS = {
     "latency_p50_ms": "p50 ms",
     "latency_p95_ms": "p95 ms",
     "reads_per_item": "reads",
+    "coverage": "coverage",
+    "mean_set_size": "set size",
 }
 
 
@@ -77,6 +79,7 @@ def write_report(out: Path) -> dict[str, Any]:
         positive=positive,
         latency_ms=predictions.latency_ms,
         reads=predictions.reads,
+        sets=predictions.sets,
     )
     body: dict[str, Any] = {key: info[key] for key in ("system", "dataset", "split")}
     body["items"] = len(predictions.ids)
@@ -118,7 +121,7 @@ def _cell(key: str, value: Any) -> str:
             f"{value:.0f}"
             if key.startswith("latency")
             else f"{value:.2f}"
-            if key == "reads_per_item"
+            if key in ("reads_per_item", "mean_set_size")
             else f"{value:.3f}"
         )
     return str(value)
@@ -135,7 +138,9 @@ def format_table(runs: list[dict[str, Any]]) -> str:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two runs on the items they share: accuracies and the discordant pairs behind McNemar's test."""
+    """Two runs on the items they share: accuracies, the discordant pairs behind McNemar's test, and
+    ``flips``, the items whose predicted class differs (of a run and its --shuffle-options twin: the
+    option-order flips)."""
 
     system_a: str
     system_b: str
@@ -145,6 +150,12 @@ class Comparison:
     a_only: int  # items only A answered right
     b_only: int  # items only B answered right
     p_value: float  # exact two-sided McNemar
+    flips: int
+
+    @property
+    def flip_rate(self) -> float:
+        """Share of the paired items whose predicted class differs between the runs."""
+        return self.flips / self.items
 
 
 def compare(run_a: Path, run_b: Path) -> Comparison:
@@ -162,8 +173,9 @@ def compare(run_a: Path, run_b: Path) -> Comparison:
     gold = np.array(a.classes)[a.gold[rows_a]]
     if (gold != np.array(b.classes)[b.gold[rows_b]]).any():
         raise EvalError("the runs disagree on some item's gold label: they read different data")
-    right_a = a.probabilities[rows_a].argmax(axis=1) == a.gold[rows_a]
-    right_b = b.probabilities[rows_b].argmax(axis=1) == b.gold[rows_b]
+    predicted_a, predicted_b = a.probabilities[rows_a].argmax(axis=1), b.probabilities[rows_b].argmax(axis=1)
+    right_a, right_b = predicted_a == a.gold[rows_a], predicted_b == b.gold[rows_b]
+    flips = int(np.sum(np.array(a.classes)[predicted_a] != np.array(b.classes)[predicted_b]))
     a_only, b_only = int(np.sum(right_a & ~right_b)), int(np.sum(right_b & ~right_a))
     return Comparison(
         info_a["system"],
@@ -174,6 +186,7 @@ def compare(run_a: Path, run_b: Path) -> Comparison:
         a_only,
         b_only,
         mcnemar_exact(a_only, b_only),
+        flips,
     )
 
 
@@ -188,5 +201,6 @@ def format_comparison(comparison: Comparison) -> str:
             f"difference (A - B): {c.accuracy_a - c.accuracy_b:+.3f}",
             f"only A right: {c.a_only}, only B right: {c.b_only}",
             f"exact McNemar p = {c.p_value:.4g}",
+            f"predicted class differs (flip rate): {c.flip_rate:.3f} ({c.flips} of {c.items})",
         ]
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,12 +40,26 @@ Predictor = Callable[[Item], Prediction]
 QUESTION_ID = "answer"
 
 
-def build_request(task: Task, item: Item, request_fields: dict[str, Any]) -> dict[str, Any]:
-    """The System One request for one item: its state, the task's question, and the extra fields."""
-    question = dict(task.question)
-    if item.instructions is not None:
-        question["instructions"] = item.instructions
-    return {**request_fields, "state": item.state, "questions": {QUESTION_ID: question}}
+def build_request(
+    task: Task, item: Item, request_fields: dict[str, Any], question: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The System One request for one item: its state, the task's question (or ``question``, the same
+    question asked another way, see ``shuffle_options``), and the extra fields."""
+    asked = dict(task.question if question is None else question)
+    return {**request_fields, "state": item.state, "questions": {QUESTION_ID: asked}}
+
+
+def shuffle_options(task: Task, seed: int) -> dict[str, Any]:
+    """The task's choice question with its options in a seeded random order (``random.Random(seed)``).
+
+    Only the order the prompt shows changes: answers key probabilities by option name, so they read
+    back in class order. A score's levels are ordinal and a noul has no options, so both are refused.
+    """
+    if task.kind != "choice":
+        raise EvalError(f"--shuffle-options reorders a choice question's options; this task is a {task.kind}")
+    names = list(task.question["criteria"])
+    random.Random(seed).shuffle(names)
+    return {**task.question, "criteria": {name: task.question["criteria"][name] for name in names}}
 
 
 def option_names(task: Task) -> list[str]:
@@ -65,6 +80,7 @@ def read_answer(task: Task, response: dict[str, Any]) -> Prediction:
     stderr = answer.get("x_stderr")
     if isinstance(stderr, dict):
         stderr = stderr[names[int(p.argmax())]]
+    members = answer.get("x_set")  # present when the request asked for x_coverage
     return Prediction(
         probabilities=p,
         reads=answer.get("x_reads"),
@@ -72,24 +88,32 @@ def read_answer(task: Task, response: dict[str, Any]) -> Prediction:
         label_mass=answer.get("x_label_mass"),
         entropy=answer.get("x_entropy"),
         stderr=stderr,
+        prediction_set=None if members is None else tuple(sorted(names.index(name) for name in members)),
     )
 
 
 class DeciderPredictor:
-    """Answers items with ``Decider.decide``, one request each.
+    """Answers items with ``Decider.decide``, one request each, asking ``question`` (default: the task's).
 
     One warm-up decision on a placeholder state runs first (as the server warms up before it is
     ready), so the first item's latency does not include one-off start-up work.
     """
 
-    def __init__(self, decider: Decider, task: Task, request_fields: dict[str, Any]) -> None:
+    def __init__(
+        self, decider: Decider, task: Task, request_fields: dict[str, Any], question: dict[str, Any] | None = None
+    ) -> None:
         self.decider = decider
         self.task = task
         self.request_fields = request_fields
-        decider.decide(build_request(task, Item("warm-up", "warm-up", 0), request_fields))
+        self.question = question
+        decider.decide(self.request(Item("warm-up", "warm-up", 0)))
+
+    def request(self, item: Item) -> dict[str, Any]:
+        """The request this predictor sends for ``item``."""
+        return build_request(self.task, item, self.request_fields, self.question)
 
     def __call__(self, item: Item) -> Prediction:
-        return read_answer(self.task, self.decider.decide(build_request(self.task, item, self.request_fields)))
+        return read_answer(self.task, self.decider.decide(self.request(item)))
 
 
 def run_info(dataset: Dataset, system: str, request_fields: dict[str, Any] | None) -> dict[str, Any]:
@@ -164,6 +188,7 @@ def evaluate_model(
     dtype: Literal["bfloat16", "float32"] = "bfloat16",
     calibration_dir: Path | None = None,
     readout_dir: Path | None = None,
+    shuffle_seed: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
@@ -172,19 +197,23 @@ def evaluate_model(
     checked before the model loads, so a bad field or question fails at once (InvalidRequest).
     ``calibration_dir`` (recorded in run.json when given) holds the calibration artifacts the loaded
     Decider serves (``x_calibration: temperature``, ``x_coverage``); ``readout_dir`` (recorded likewise)
-    the learned readouts it answers ``x_readout`` with (``slotread fit``).
+    the learned readouts it answers ``x_readout`` with (``slotread fit``). ``shuffle_seed`` (recorded in
+    run.json as ``shuffle_options``) asks a choice question with its options in that seeded order
+    (``shuffle_options``); predictions stay in class order, so the run pairs with an unshuffled one
+    in ``compare``, whose flip rate is then the option-order flip rate.
     """
     fields = {"x_seed": seed, **(request_fields or {})}
     if {"state", "questions"} & fields.keys():
         raise EvalError("request fields may not replace the request's state or questions")
     if not dataset.items:
         raise EvalError(f"{dataset.name} has no items")
-    to_decision(parse_request(build_request(dataset.task, dataset.items[0], fields)))
+    question = None if shuffle_seed is None else shuffle_options(dataset.task, shuffle_seed)
+    to_decision(parse_request(build_request(dataset.task, dataset.items[0], fields, question)))
     system = model if isinstance(model, str) else model.name
 
     def load() -> Predictor:
         if not isinstance(model, str):
-            return DeciderPredictor(model, dataset.task, fields)
+            return DeciderPredictor(model, dataset.task, fields, question)
         import torch
 
         from slotread.decider import Decider
@@ -197,11 +226,13 @@ def evaluate_model(
             calibration_dir=calibration_dir,
             readout_dir=readout_dir,
         )
-        return DeciderPredictor(decider, dataset.task, fields)
+        return DeciderPredictor(decider, dataset.task, fields, question)
 
     info = run_info(dataset, system, fields)
     if calibration_dir is not None:
         info["calibration_dir"] = str(calibration_dir)
     if readout_dir is not None:
         info["readout_dir"] = str(readout_dir)
+    if shuffle_seed is not None:
+        info["shuffle_options"] = shuffle_seed
     return run(dataset, out, info, load, progress=progress)

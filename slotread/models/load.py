@@ -93,7 +93,7 @@ def load_model(
     ``cache_dir`` defaults to ``$SLOTREAD_CACHE``, else ``~/.cache/slotread``.
     """
     cache = cache_dir if cache_dir is not None else default_cache_dir()
-    return _load_checkpoint(_checkpoint_dir(spec, cache), spec, device, dtype)
+    return _load_checkpoint(checkpoint_dir(spec, cache), spec, device, dtype)
 
 
 def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> LoadedTokenizer:
@@ -126,7 +126,7 @@ def list_models(cache_dir: Path | None = None) -> list[ModelListing]:
     return listings
 
 
-def _checkpoint_dir(spec: str, cache: Path) -> Path:
+def checkpoint_dir(spec: str, cache: Path) -> Path:
     """The checkpoint directory ``spec`` names, fetching and converting first where needed."""
     if spec in REGISTRY:
         entry = REGISTRY[spec]

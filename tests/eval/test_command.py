@@ -86,6 +86,36 @@ def test_eval_compare_and_table(data_dir: Path, tmp_path: Path, capsys: pytest.C
     assert capsys.readouterr().out.count("| tfidf-logreg | banking77 | test | 6 |") == 2
 
 
+def test_eval_shuffle_options_and_the_flip_rate(
+    cache_dir: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--cache-dir", str(cache_dir), "eval", "--model", "smollm2-135m-instruct", "--dataset", "banking77"]
+    argv += ["--data-dir", str(data_dir), "--limit", "4", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*argv, "--shuffle-options", "1", "--out", str(tmp_path / "shuffled")]) == 0
+    assert json.loads((tmp_path / "shuffled" / "run.json").read_text())["shuffle_options"] == 1
+    assert rows(tmp_path / "shuffled")[0] == rows(tmp_path / "plain")[0]  # same classes, same column order
+    predicted = [[line.split(",")[2] for line in rows(tmp_path / run)[1:]] for run in ("plain", "shuffled")]
+    flips = sum(a != b for a, b in zip(*predicted, strict=True))
+    capsys.readouterr()
+    assert main(["eval", "compare", str(tmp_path / "plain"), str(tmp_path / "shuffled")]) == 0
+    assert f"predicted class differs (flip rate): {flips / 4:.3f} ({flips} of 4)" in capsys.readouterr().out
+
+
+def test_eval_refuses_shuffle_options_without_a_choice(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["eval", "--dataset", "banking77", "--data-dir", str(data_dir), "--shuffle-options", "1"]
+    assert main([*base, "--baseline", "tfidf", "--out", str(tmp_path / "run")]) == 1
+    assert "the baseline reads none" in capsys.readouterr().err
+    (tmp_path / "q.json").write_text(json.dumps({"type": "score", "criteria": ["bad", "good"]}))
+    (tmp_path / "d.csv").write_text("text,label\nlovely,1\n")
+    argv = ["eval", "--model", "no-such-model", "--dataset", str(tmp_path / "d.csv"), "--question"]
+    assert main([*argv, str(tmp_path / "q.json"), "--shuffle-options", "1", "--out", str(tmp_path / "run")]) == 1
+    assert "reorders a choice question's options; this task is a score" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

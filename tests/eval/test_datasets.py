@@ -70,6 +70,7 @@ def write_boolq(root: Path) -> None:
         {"idx": 3, "question": "is the sky green", "passage": "The sky is blue.", "title": "Sky", "label": "no"},
     ]
     (folder / "dev.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "dev_500.jsonl").write_text(json.dumps(rows[1]) + "\n")
 
 
 def test_readable_category_names() -> None:
@@ -130,14 +131,21 @@ def test_sst5_is_a_five_level_score(tmp_path: Path) -> None:
     ]
 
 
-def test_boolq_asks_each_passage_its_own_question(tmp_path: Path) -> None:
+def test_boolq_puts_each_question_in_the_state_beside_its_passage(tmp_path: Path) -> None:
     write_boolq(tmp_path)
     dataset = load_dataset("boolq", data_dir=tmp_path)
     assert dataset.split == "dev" and dataset.task.kind == "noul" and dataset.task.classes == ("yes", "no")
+    assert dataset.task.question == {"type": "noul", "instructions": BOOLQ_QUESTION}
     first, second = dataset.items
-    assert (first.id, first.state, first.gold) == ("27", "Engines are broken in.", 0)
-    assert first.instructions == BOOLQ_QUESTION.format(question="do you need to break in a car")
+    assert (first.id, first.gold) == ("27", 0)
+    assert first.state == "Engines are broken in.\n\nQuestion: do you need to break in a car?"
     assert (second.id, second.gold) == ("3", 1)
+
+
+def test_boolq_dev_rest_is_dev_without_dev_500(tmp_path: Path) -> None:
+    write_boolq(tmp_path)
+    assert [item.id for item in load_dataset("boolq", "dev_500", data_dir=tmp_path).items] == ["3"]
+    assert [item.id for item in load_dataset("boolq", "dev_rest", data_dir=tmp_path).items] == ["27"]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])

@@ -9,9 +9,11 @@ from sklearn.metrics import cohen_kappa_score, f1_score
 from slotread.eval.metrics import (
     accuracy,
     brier,
+    coverage,
     expected_calibration_error,
     macro_f1,
     mcnemar_exact,
+    mean_set_size,
     nll,
     percentile,
     precision_recall,
@@ -139,3 +141,22 @@ def test_summarise_adds_the_metrics_each_task_has() -> None:
     score = summarise(p, gold, ordinal=True, positive=2, latency_ms=latency, reads=np.array([1, 1, 2, 2]))
     assert {"qwk", "within_one", "oos_precision", "oos_recall"} <= set(score)
     assert score["reads_per_item"] == 1.5 and score["within_one"] == 1.0
+
+
+def test_coverage_and_mean_set_size_by_hand() -> None:
+    # gold 0 in {0, 1}: yes; gold 2 in {1}: no; gold 1 in {}: no; gold 2 in {0, 1, 2}: yes -> 2 / 4
+    # sizes 2, 1, 0, 3 -> 6 / 4 = 1.5
+    sets = [(0, 1), (1,), (), (0, 1, 2)]
+    gold = np.array([0, 2, 1, 2])
+    assert coverage(sets, gold) == 0.5
+    assert mean_set_size(sets) == 1.5
+
+
+def test_summarise_reports_sets_over_the_items_that_have_one() -> None:
+    p = np.array([[0.6, 0.4], [0.3, 0.7], [0.9, 0.1]])
+    gold = np.array([0, 0, 1])
+    latency = np.ones(3)
+    assert "coverage" not in summarise(p, gold, ordinal=False, positive=None, latency_ms=latency, reads=None)
+    # item 1 has no set: gold 0 in {0}: yes; gold 1 in {0}: no -> coverage 1 / 2, sizes 1, 1 -> 1
+    metrics = summarise(p, gold, ordinal=False, positive=None, latency_ms=latency, reads=None, sets=[(0,), None, (0,)])
+    assert (metrics["coverage"], metrics["mean_set_size"]) == (0.5, 1.0)

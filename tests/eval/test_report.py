@@ -36,8 +36,33 @@ def test_compare_pairs_the_items_and_tests_them_exactly(tmp_path: Path) -> None:
     assert (comparison.items, comparison.a_only, comparison.b_only) == (10, 6, 1)
     assert comparison.accuracy_a == pytest.approx(0.8) and comparison.accuracy_b == pytest.approx(0.3)
     assert comparison.p_value == pytest.approx(0.125)
+    # two classes: the predictions differ exactly where one run is right and the other wrong (2-8)
+    assert comparison.flips == 7 and comparison.flip_rate == pytest.approx(0.7)
     text = format_comparison(comparison)
     assert "difference (A - B): +0.500" in text and "exact McNemar p = 0.125" in text
+    assert "predicted class differs (flip rate): 0.700 (7 of 10)" in text
+
+
+def test_the_flip_rate_counts_changed_predictions_right_or_wrong(tmp_path: Path) -> None:
+    task = Task("choice", {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, ("A", "B", "C"))
+    dataset = Dataset("toy", "test", task, tuple(Item(str(i), f"s{i}", 0) for i in range(5)))
+    # predicted classes, items 0-4: A -> 0, 1, 2, 0, 1; B -> 0, 2, 1, 1, 1
+    # item 1 (1 -> 2) and item 2 (2 -> 1) flip while both runs are wrong; item 3 (0 -> 1) flips right to wrong
+    # -> 3 flips of 5, one discordant pair (only A right on item 3)
+    picks = {"a": [0, 1, 2, 0, 1], "b": [0, 2, 1, 1, 1]}
+
+    def runs(name: str) -> Path:
+        def predict(item: Item) -> Prediction:
+            p = np.full(3, 0.2)
+            p[picks[name][int(item.id)]] = 0.6
+            return Prediction(p)
+
+        run(dataset, tmp_path / name, run_info(dataset, name, {"x_seed": 0}), lambda: predict, progress=False)
+        return tmp_path / name
+
+    comparison = compare(runs("a"), runs("b"))
+    assert (comparison.flips, comparison.a_only, comparison.b_only) == (3, 1, 0)
+    assert comparison.flip_rate == pytest.approx(0.6)
 
 
 def test_compare_uses_only_the_items_both_runs_have(tmp_path: Path) -> None:
@@ -80,6 +105,21 @@ def test_undefined_metrics_are_null_in_metrics_json(tmp_path: Path) -> None:
     out = hand_made_run(tmp_path / "a", "model-a", {0, 1, 2}, dataset)  # never predicts out of scope
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["oos_precision"] is None and metrics["oos_recall"] is None
+
+
+def test_metrics_json_reports_coverage_and_set_size_of_a_run_with_sets(tmp_path: Path) -> None:
+    # items 0-9, gold i % 2; the set is both classes for items 0-2, {0} for the rest:
+    # gold in set for 0, 1, 2 and the even items 4, 6, 8 -> coverage 6 / 10; sizes 3 * 2 + 7 * 1 = 13 -> 1.3
+    def predict(item: Item) -> Prediction:
+        members = (0, 1) if int(item.id) < 3 else (0,)
+        return Prediction(np.array([0.6, 0.4]), reads=1, prediction_set=members)
+
+    out = tmp_path / "a"
+    run(DATASET, out, run_info(DATASET, "model-a", {"x_coverage": 0.9}), lambda: predict, progress=False)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["coverage"] == pytest.approx(0.6) and metrics["mean_set_size"] == pytest.approx(1.3)
+    table = format_table([metrics]).splitlines()
+    assert table[0].endswith("| reads | coverage | set size |") and table[2].endswith("| 1.00 | 0.600 | 1.30 |")
 
 
 def test_format_table_shows_the_columns_any_run_has() -> None:

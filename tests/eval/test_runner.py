@@ -2,6 +2,7 @@
 
 import csv
 import json
+import random
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,15 @@ from slotread.decider import Decider
 from slotread.errors import EvalError, InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task, load_dataset
 from slotread.eval.predictions import Prediction
-from slotread.eval.runner import build_request, evaluate_model, read_answer, run, run_info
+from slotread.eval.runner import (
+    DeciderPredictor,
+    build_request,
+    evaluate_model,
+    read_answer,
+    run,
+    run_info,
+    shuffle_options,
+)
 from slotread.models.load import LoadedModel
 
 TASK = Task(
@@ -79,18 +88,35 @@ def test_a_folder_holding_another_run_is_refused(tmp_path: Path) -> None:
         run(fewer, out, run_info(fewer, "scripted", {"x_seed": 0}), Scripted, progress=False)
 
 
-def test_requests_carry_the_question_per_item_and_the_extra_fields() -> None:
-    task = Task("noul", {"type": "noul"}, ("yes", "no"))
-    request = build_request(
-        task, Item("7", "a passage", 0, "According to the passage: is it?"), {"x_seed": 3, "x_coverage": 0.9}
-    )
+def test_requests_carry_the_task_question_and_the_extra_fields() -> None:
+    task = Task("noul", {"type": "noul", "instructions": "Is it?"}, ("yes", "no"))
+    request = build_request(task, Item("7", "a passage", 0), {"x_seed": 3, "x_coverage": 0.9})
     assert request == {
         "x_seed": 3,
         "x_coverage": 0.9,
         "state": "a passage",
-        "questions": {"answer": {"type": "noul", "instructions": "According to the passage: is it?"}},
+        "questions": {"answer": {"type": "noul", "instructions": "Is it?"}},
     }
-    assert task.question == {"type": "noul"}
+    request["questions"]["answer"]["instructions"] = "changed"
+    assert task.question == {"type": "noul", "instructions": "Is it?"}
+
+
+def test_shuffle_options_reorders_a_choice_and_refuses_scores_and_nouls() -> None:
+    criteria = {name: f"about {name}" for name in "abcdefgh"}
+    task = Task("choice", {"type": "choice", "instructions": "Which?", "criteria": criteria}, tuple("ABCDEFGH"))
+    shuffled = shuffle_options(task, 3)
+    names = list("abcdefgh")
+    random.Random(3).shuffle(names)
+    assert list(shuffled["criteria"]) == names != list("abcdefgh")
+    assert shuffled["criteria"] == criteria and shuffled["instructions"] == "Which?"  # same options, same text
+    assert shuffle_options(task, 3) == shuffled and list(task.question["criteria"]) == list("abcdefgh")
+    request = build_request(task, Item("1", "s", 0), {"x_seed": 0}, shuffled)
+    assert list(request["questions"]["answer"]["criteria"]) == names
+    score = Task("score", {"type": "score", "criteria": ["lo", "hi"]}, ("0", "1"))
+    with pytest.raises(EvalError, match="this task is a score"):
+        shuffle_options(score, 3)
+    with pytest.raises(EvalError, match="this task is a noul"):
+        shuffle_options(Task("noul", {"type": "noul"}, ("yes", "no")), 3)
 
 
 def test_read_answer_orders_probabilities_by_class() -> None:
@@ -114,6 +140,16 @@ def test_read_answer_orders_probabilities_by_class() -> None:
         {"answers": {"answer": {"noul": 0.25}}, "usage": {"input_tokens": 1}},
     )
     assert noul.probabilities.tolist() == [0.25, 0.75]
+    assert prediction.prediction_set is None and noul.prediction_set is None
+
+
+def test_read_answer_keeps_the_prediction_set_as_class_indices() -> None:
+    response = {
+        "answers": {"answer": {"probabilities": {"c": 0.1, "a": 0.5, "b": 0.4}, "x_set": ["b", "a"]}},
+        "usage": {"input_tokens": 3},
+    }
+    prediction = read_answer(TASK, response)
+    assert prediction.probabilities.tolist() == [0.5, 0.4, 0.1] and prediction.prediction_set == (0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +220,48 @@ def test_a_calibration_directory_is_served_and_recorded(
     assert temperature is not None
     p = softmax(fit.logits[0, 0] / temperature)  # the first item's one read, scaled
     assert float(rows[0]["p:yes"]) == pytest.approx(p[0], abs=1e-5)
+
+
+def test_a_shuffled_run_asks_the_reordered_options_and_keeps_class_order(decider: Decider, tmp_path: Path) -> None:
+    criteria = {"card arrival": None, "request refund": None, "lost or stolen card": None, "exchange rate": None}
+    task = Task("choice", {"type": "choice", "instructions": "Which topic?", "criteria": criteria}, tuple("ABCD"))
+    texts = ["my card has not come", "give me my money back", "someone took my card"]
+    dataset = Dataset("toy", "test", task, tuple(Item(str(i), text, i) for i, text in enumerate(texts)))
+    out = tmp_path / "run"
+    evaluate_model(dataset, out, decider, seed=1, shuffle_seed=2, progress=False)
+    assert json.loads((out / "run.json").read_text())["shuffle_options"] == 2
+    shuffled = shuffle_options(task, 2)
+    sent = DeciderPredictor(decider, task, {"x_seed": 1}, shuffled).request(dataset.items[0])
+    assert list(sent["questions"]["answer"]["criteria"]) == list(shuffled["criteria"]) != list(criteria)
+    rows = list(csv.DictReader((out / "predictions.csv").read_text().splitlines()))
+    assert list(rows[0])[-4:] == ["p:A", "p:B", "p:C", "p:D"]
+    for row, item in zip(rows, dataset.items, strict=True):
+        answer = decider.decide(build_request(task, item, {"x_seed": 1}, shuffled))["answers"]["answer"]
+        # class k is option k of the dataset's order, whatever order the prompt showed
+        for name, option in zip("ABCD", criteria, strict=True):
+            assert float(row[f"p:{name}"]) == answer["probabilities"][option]
+    plain = decider.decide(build_request(task, dataset.items[0], {"x_seed": 1}))["answers"]["answer"]
+    assert plain["probabilities"] != decider.decide(sent)["answers"]["answer"]["probabilities"]  # the order matters
+
+
+def test_a_run_with_x_coverage_records_each_set_and_reports_coverage(smollm2: LoadedModel, tmp_path: Path) -> None:
+    criteria = {"card arrival": None, "request refund": None, "lost or stolen card": None}
+    task = Task("choice", {"type": "choice", "instructions": "Which topic?", "criteria": criteria}, tuple("ABC"))
+    texts = ["my card has not come", "give me my money back", "someone took my card", "where is my new card"]
+    dataset = Dataset("toy", "test", task, tuple(Item(str(i), text, i % 3) for i, text in enumerate(texts)))
+    artifacts = tmp_path / "calibration"
+    calibrate(Decider(smollm2), dataset).calibration.save(artifacts / "toy.json")
+    decider = Decider(smollm2, calibration_dir=artifacts)
+    out = tmp_path / "run"
+    fields = {"x_coverage": 0.5}
+    metrics = evaluate_model(dataset, out, decider, request_fields=fields, progress=False)
+    rows = list(csv.DictReader((out / "predictions.csv").read_text().splitlines()))
+    sets = []
+    for row, item in zip(rows, dataset.items, strict=True):
+        answer = decider.decide(build_request(task, item, {"x_seed": 0, **fields}))["answers"]["answer"]
+        members = json.loads(row["set"])
+        assert [list(criteria)[k] for k in members] == answer["x_set"]  # the served set, as class indices
+        sets.append(members)
+    covered = [item.gold in members for members, item in zip(sets, dataset.items, strict=True)]
+    assert metrics["coverage"] == pytest.approx(np.mean(covered))
+    assert metrics["mean_set_size"] == pytest.approx(np.mean([len(m) for m in sets]))
