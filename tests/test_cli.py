@@ -95,11 +95,21 @@ def test_serve_exits_1_naming_a_model_it_cannot_load(capsys: pytest.CaptureFixtu
         ["--port", "70000"],
         ["--calibration", "/no/such/dir"],
         ["--max-permutations", "0"],
+        ["--example-bank", "/no/such/bank.jsonl"],
     ],
 )
 def test_serve_refuses_bad_settings_before_starting(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *flags]) == 1
     assert "slotread serve:" in capsys.readouterr().err
+
+
+def test_serve_exits_1_naming_an_example_bank_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bank = tmp_path / "bank.jsonl"
+    bank.write_text('{"question": {"type": "noul"}}\n{"state": "s", "answer": "maybe"}\n')
+    assert main(["serve", "--example-bank", str(bank), "--port", "0"]) == 1
+    assert f"{bank}:2: 'maybe' is not an answer" in capsys.readouterr().err
 
 
 def test_serve_refuses_an_api_key_file_without_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
