@@ -63,5 +63,5 @@ def test_a_malformed_bank_names_the_file_and_the_problem(tmp_path: Path, lines: 
         read_bank(write(tmp_path / "bad.jsonl", lines))
     assert "bad.jsonl" in str(found.value)
     (tmp_path / "broken.jsonl").write_text('{"question": ' + json.dumps(QUESTION) + "}\n{not json\n")
-    with pytest.raises(ExampleBankError, match="broken.jsonl:2: not JSON"):
+    with pytest.raises(ExampleBankError, match=r"broken\.jsonl:2: not JSON"):
         read_bank(tmp_path / "broken.jsonl")
