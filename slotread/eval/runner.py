@@ -29,6 +29,7 @@ from slotread.eval.report import PREDICTIONS, RUN_INFO, write_report
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
+    from slotread.quality.examples import ExampleBank
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,7 @@ def evaluate_model(
     device: str = "cpu",
     dtype: Literal["bfloat16", "float32"] = "bfloat16",
     calibration_dir: Path | None = None,
+    example_bank: ExampleBank | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
@@ -170,7 +172,9 @@ def evaluate_model(
     Every request carries ``x_seed=seed`` and ``request_fields``. The first item's request is
     checked before the model loads, so a bad field or question fails at once (InvalidRequest).
     ``calibration_dir`` (recorded in run.json when given) holds the calibration artifacts the loaded
-    Decider serves (``x_calibration: temperature``, ``x_coverage``).
+    Decider serves (``x_calibration: temperature``, ``x_coverage``). ``example_bank`` (for
+    ``x_examples``, ``x_shortlist``; described in run.json) must serve the dataset's question and hold
+    none of its items (EvalError, before the model loads); a Decider passed in serves its own banks.
     """
     fields = {"x_seed": seed, **(request_fields or {})}
     if {"state", "questions"} & fields.keys():
@@ -178,7 +182,18 @@ def evaluate_model(
     if not dataset.items:
         raise EvalError(f"{dataset.name} has no items")
     to_decision(parse_request(build_request(dataset.task, dataset.items[0], fields)))
+    if example_bank is not None:
+        from slotread.eval.banks import check_bank
+
+        check_bank(example_bank, dataset)
     system = model if isinstance(model, str) else model.name
+
+    if (
+        not isinstance(model, str)
+        and example_bank is not None
+        and model.banks.get(example_bank.schema) is not example_bank
+    ):
+        raise EvalError("the Decider given does not serve the example bank given; build it with example_banks")
 
     def load() -> Predictor:
         if not isinstance(model, str):
@@ -188,11 +203,20 @@ def evaluate_model(
         from slotread.decider import Decider
 
         decider = Decider(
-            model, cache_dir=cache_dir, device=device, dtype=getattr(torch, dtype), calibration_dir=calibration_dir
+            model,
+            cache_dir=cache_dir,
+            device=device,
+            dtype=getattr(torch, dtype),
+            calibration_dir=calibration_dir,
+            example_banks=[example_bank] if example_bank is not None else [],
         )
         return DeciderPredictor(decider, dataset.task, fields)
 
     info = run_info(dataset, system, fields)
     if calibration_dir is not None:
         info["calibration_dir"] = str(calibration_dir)
+    if example_bank is not None:
+        from slotread.eval.banks import bank_info
+
+        info["example_bank"] = bank_info(example_bank)
     return run(dataset, out, info, load, progress=progress)
