@@ -38,7 +38,11 @@ def _decide(args: argparse.Namespace) -> int:
         request["x_seed"] = args.seed
     to_decision(parse_request(request))  # refuse a bad request before loading the model
     decider = Decider(
-        args.model, cache_dir=args.cache_dir, dtype=getattr(torch, args.dtype), calibration_dir=args.calibration
+        args.model,
+        cache_dir=args.cache_dir,
+        dtype=getattr(torch, args.dtype),
+        calibration_dir=args.calibration,
+        example_banks=[_read_example_bank(path) for path in args.example_bank],
     )
     print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
     return 0
@@ -425,6 +429,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decide.add_argument(
         "--calibration", type=Path, default=None, help="directory of calibration artifacts (slotread calibrate --out)"
+    )
+    decide.add_argument(
+        "--example-bank",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="example bank serving x_examples and x_shortlist (as slotread serve takes it); repeatable",
     )
     decide.set_defaults(run=_decide)
 
