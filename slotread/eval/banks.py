@@ -18,7 +18,6 @@ from slotread.api.banks import bank_question
 from slotread.errors import EvalError
 from slotread.eval.datasets import Dataset, normalised
 from slotread.eval.runner import option_names
-from slotread.prompt.render import SolvedExample
 from slotread.quality.artifact import schema_hash
 from slotread.quality.examples import ExampleBank
 
@@ -45,8 +44,8 @@ def bank_from_dataset(train: Dataset, evaluated: Dataset) -> ExampleBank:
         dropped = len(train.items) - len(kept)
         logger.warning("%s: %d texts that %s also holds left out of the bank", source, dropped, dataset_name(evaluated))
         source += f" without the {dropped} texts {dataset_name(evaluated)} also holds"
-    examples = [SolvedExample(item.state, names[item.gold]) for item in kept]
-    return ExampleBank(bank_question(train.task.question, source), None, examples, source)
+    pairs = [(item.state, names[item.gold]) for item in kept]
+    return ExampleBank.from_pairs(bank_question(train.task.question, source), None, pairs, source)
 
 
 def check_bank(bank: ExampleBank, dataset: Dataset) -> None:

@@ -119,6 +119,13 @@ class ExampleBank:
         self._residuals: dict[tuple[int, int], float] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_pairs(
+        cls, question: Question, instructions: str | None, pairs: Sequence[tuple[str, str]], source: str
+    ) -> ExampleBank:
+        """A bank from (state, option name) pairs."""
+        return cls(question, instructions, [SolvedExample(state, answer) for state, answer in pairs], source)
+
     def __len__(self) -> int:
         return len(self.examples)
 
