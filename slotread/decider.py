@@ -16,7 +16,7 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
-from slotread.api.banks import read_bank
+from slotread.api.bank_file import read_bank
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
@@ -51,7 +51,7 @@ def make_engine(loaded: LoadedModel) -> Engine:
 
 
 def read_example_bank(path: Path) -> ExampleBank:
-    """An example bank file (format: ``slotread.api.banks``) as a bank a Decider serves."""
+    """An example bank file (format: ``slotread.api.bank_file``) as a bank a Decider serves."""
     data = read_bank(path)
     return ExampleBank(data.question, data.instructions, data.examples, str(path))
 
@@ -75,7 +75,7 @@ class Decider:
     answering ``x_calibration: contextual`` are written back to it.
 
     ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
-    read with ``api.banks.read_bank``); ExampleBankError if two serve one question schema.
+    read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
     """
 
     def __init__(

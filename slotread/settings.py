@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     max_prompt_tokens: int | None = Field(None, ge=16)
     #: a directory of calibration artifacts (``slotread calibrate``); content-free reads are saved there
     calibration_dir: Path | None = None
-    #: example bank files (``slotread.api.banks``) serving x_examples and x_shortlist, one per question schema
+    #: example bank files (``slotread.api.bank_file``) serving x_examples and x_shortlist, one per question schema
     example_banks: list[Path] = Field(default_factory=list)
 
     @field_validator("upstreams", mode="before")

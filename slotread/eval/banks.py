@@ -14,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-from slotread.api.banks import bank_question
+from slotread.api.bank_file import bank_question
 from slotread.errors import EvalError
 from slotread.eval.datasets import Dataset, normalised
 from slotread.eval.runner import option_names

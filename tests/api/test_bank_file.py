@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from slotread.api.banks import read_bank
+from slotread.api.bank_file import read_bank
 from slotread.api.systemone import parse_request, to_decision
 from slotread.errors import ExampleBankError
 from slotread.prompt.render import SolvedExample
