@@ -82,7 +82,9 @@ def plan(out: Path, models: list[str], datasets: list[str], settings: list[str],
     jobs = []
     for key in datasets if "baseline" in models else []:
         data = DATASETS[key]
-        where = ["--dataset", data.dataset, "--split", data.split] + (["--limit", str(data.limit)] if data.limit else [])
+        where = ["--dataset", data.dataset, "--split", data.split] + (
+            ["--limit", str(data.limit)] if data.limit else []
+        )
         run = out / "baseline" / key
         jobs.append(Job(f"baseline/{key}", slotread("eval", "--baseline", "tfidf", *where, "--out", str(run))))
     for short in [key for key in models if key in MODELS]:

@@ -16,19 +16,21 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
+from slotread.api.bank_file import read_bank
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.errors import CalibrationError, ModelLoadError, UnknownModel
+from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Renderer
 from slotread.quality.answering import decide_calibrated
+from slotread.quality.examples import ExampleBank, ExampleBanks
 from slotread.quality.store import CalibrationStore
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,12 @@ def make_engine(loaded: LoadedModel) -> Engine:
     raise ModelLoadError(loaded.name, f"no in-process engine reads a {type(loaded.model).__name__}")
 
 
+def read_example_bank(path: Path) -> ExampleBank:
+    """An example bank file (format: ``slotread.api.bank_file``) as a bank a Decider serves."""
+    data = read_bank(path)
+    return ExampleBank(data.question, data.instructions, data.examples, str(path))
+
+
 class Decider:
     """Answers System One requests with one model, in process.
 
@@ -65,6 +73,9 @@ class Decider:
     ``calibration_dir`` holds calibration artifacts (``slotread calibrate``); those of this model are
     loaded (CalibrationError if one is unreadable), and content-free distributions read while
     answering ``x_calibration: contextual`` are written back to it.
+
+    ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
+    read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
     """
 
     def __init__(
@@ -83,6 +94,7 @@ class Decider:
         max_permutations: int = systemone.DEFAULT_MAX_PERMUTATIONS,
         max_prompt_tokens: int | None = None,
         calibration_dir: Path | None = None,
+        example_banks: Sequence[ExampleBank] = (),
     ) -> None:
         if upstreams:
             if isinstance(model, LoadedModel):
@@ -119,7 +131,8 @@ class Decider:
         self.max_prompt_tokens = max_prompt_tokens
         try:
             self.calibrations = CalibrationStore(self.name, calibration_dir)
-        except CalibrationError:
+            self.banks = ExampleBanks(example_banks)
+        except (CalibrationError, ExampleBankError):
             self.close()
             raise
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
@@ -154,5 +167,7 @@ class Decider:
             max_options=self.max_options,
             max_permutations=self.max_permutations,
         )
-        result = decide_calibrated(decision, self.engine, self.renderer, self.calibrations, self.max_prompt_tokens)
+        result = decide_calibrated(
+            decision, self.engine, self.renderer, self.calibrations, self.max_prompt_tokens, self.banks
+        )
         return wire, result

@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     max_prompt_tokens: int | None = Field(None, ge=16)
     #: a directory of calibration artifacts (``slotread calibrate``); content-free reads are saved there
     calibration_dir: Path | None = None
+    #: example bank files (``slotread.api.bank_file``) serving x_examples and x_shortlist, one per question schema
+    example_banks: list[Path] = Field(default_factory=list)
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -90,4 +92,7 @@ class Settings(BaseSettings):
             raise ValueError(f"api_keys: {self.api_keys} is not a file")
         if self.calibration_dir is not None and not self.calibration_dir.is_dir():
             raise ValueError(f"calibration_dir: {self.calibration_dir} is not a directory")
+        for bank in self.example_banks:
+            if not bank.is_file():
+                raise ValueError(f"example_banks: {bank} is not a file")
         return self

@@ -122,6 +122,8 @@ class DecisionsRequest(_Wire):
     x_permutations: StrictInt | None = None
     x_calibration: CalibrationMethod | None = None
     x_coverage: StrictFloat | None = None
+    x_examples: StrictInt | None = None
+    x_shortlist: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -169,7 +171,7 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
-    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration", "x_coverage"):
+    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration", "x_coverage", "x_examples", "x_shortlist"):
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)
     return body

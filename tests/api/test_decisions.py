@@ -115,3 +115,9 @@ def test_problems_are_located_in_the_decisions_body(change: dict[str, Any], loc:
     with pytest.raises(InvalidRequest) as caught:
         parse_request({**REQUEST, **change})
     assert loc in [d["loc"] for d in caught.value.detail]
+
+
+def test_example_options_pass_through_to_system_one() -> None:
+    body = to_systemone(parse_request({**REQUEST, "x_examples": 8, "x_shortlist": 5}))
+    assert (body["x_examples"], body["x_shortlist"]) == (8, 5)
+    assert "x_examples" not in to_systemone(parse_request(REQUEST))
