@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slotread.calibrate import calibrate, drop_overlap, normalised, refuse_overlap
+from slotread.calibrate import calibrate, drop_overlap, refuse_overlap
 from slotread.cli import main
 from slotread.core.aggregate import softmax
 from slotread.decider import Decider

@@ -41,9 +41,3 @@ def test_a_bank_file_holding_an_evaluated_text_or_another_question_is_refused(tm
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with pytest.raises(EvalError, match="serves another question"):
         check_bank(read_example_bank(path), TEST)
-
-
-def test_items_asking_their_own_questions_make_no_bank() -> None:
-    own = replace(TRAIN, items=(replace(TRAIN.items[0], instructions="Is it so?"),))
-    with pytest.raises(EvalError, match="ask each their own question"):
-        bank_from_dataset(own, TEST)
