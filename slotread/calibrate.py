@@ -23,7 +23,7 @@ import numpy as np
 from slotread.api.systemone import parse_request, to_decision
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
-from slotread.eval.datasets import Dataset
+from slotread.eval.datasets import Dataset, normalised
 from slotread.eval.runner import QUESTION_ID, build_request
 from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import CONFORMAL_METHODS, Calibration, schema_hash
@@ -48,11 +48,6 @@ class Fit:
             "nll_raw": mean_nll(self.logits, self.gold),
             "nll_fitted": mean_nll(self.logits, self.gold, temperature),
         }
-
-
-def normalised(text: str) -> str:
-    """How texts are compared for overlap: whitespace collapsed, case folded."""
-    return " ".join(text.split()).casefold()
 
 
 def refuse_overlap(data: Dataset, exclude: Dataset) -> None:

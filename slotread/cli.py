@@ -10,11 +10,14 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotread.api.systemone import parse_request, to_decision
 from slotread.errors import InvalidRequest, SlotreadError
 from slotread.models.registry import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from slotread.quality.examples import ExampleBank
 
 
 def _read_request(source: str) -> Any:
@@ -40,6 +43,7 @@ def _decide(args: argparse.Namespace) -> int:
         dtype=getattr(torch, args.dtype),
         calibration_dir=args.calibration,
         readout_dir=args.readout,
+        example_banks=[_read_example_bank(path) for path in args.example_bank],
     )
     print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
     return 0
@@ -158,7 +162,7 @@ def _models_tiny(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from slotread.decider import Decider
+    from slotread.decider import Decider, read_example_bank
     from slotread.serve.app import create_app
     from slotread.settings import Settings
 
@@ -179,6 +183,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_prompt_tokens": args.max_prompt_tokens,
         "calibration_dir": args.calibration,
         "readout_dir": args.readout,
+        "example_banks": args.example_bank,
         "upstreams": args.upstream,
         "upstream_timeout_s": args.upstream_timeout,
         "health_interval_s": args.health_interval,
@@ -192,6 +197,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     def load() -> Decider:
         try:
+            banks = [read_example_bank(path) for path in settings.example_banks]
             return Decider(
                 settings.model,
                 upstreams=settings.upstreams,
@@ -205,6 +211,7 @@ def _serve(args: argparse.Namespace) -> int:
                 max_prompt_tokens=settings.max_prompt_tokens,
                 calibration_dir=settings.calibration_dir,
                 readout_dir=settings.readout_dir,
+                example_banks=banks,
             )
         except BaseException as exc:
             failed.append(exc)
@@ -282,8 +289,14 @@ def _request_field(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"{key}: the value is not JSON ({exc.msg})") from None
 
 
+def _read_example_bank(path: Path) -> ExampleBank:
+    from slotread.decider import read_example_bank
+
+    return read_example_bank(path)
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from slotread.eval.datasets import fitting_split, load_dataset, subset
+    from slotread.eval.datasets import Dataset, fitting_split, load_dataset, subset
     from slotread.eval.report import format_table
 
     if args.dataset is None or args.out is None:
@@ -294,20 +307,45 @@ def _eval(args: argparse.Namespace) -> int:
         return 1
     dataset = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
     dataset = subset(dataset, args.limit, args.sample_seed)
+
+    def train() -> Dataset:  # a built-in set trains on its train split (BoolQ: dev_rest), a file on --train
+        split = fitting_split(args.dataset) if args.train is None else None
+        return load_dataset(args.train or args.dataset, split, data_dir=args.data_dir, question=args.question)
+
+    uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn")
+    if args.baseline == "tfidf" and (args.examples or args.shortlist or args.example_bank):
+        print("slotread eval: the TF-IDF baseline shows no examples; drop --examples/--shortlist", file=sys.stderr)
+        return 1
+    if args.example_bank is not None and not uses_bank:
+        print("slotread eval: --example-bank serves --examples, --shortlist or --baseline knn", file=sys.stderr)
+        return 1
+    bank = None
+    if uses_bank:
+        from slotread.eval.banks import bank_from_dataset
+
+        if args.example_bank is None:
+            bank = bank_from_dataset(train(), dataset)
+        else:
+            bank = _read_example_bank(args.example_bank)
+    fields = dict(args.request_field)
+    fields |= {"x_examples": args.examples} if args.examples else {}
+    fields |= {"x_shortlist": args.shortlist} if args.shortlist else {}
     try:
-        if args.baseline:
+        if args.baseline == "knn":
+            from slotread.eval.baseline import evaluate_knn
+
+            assert bank is not None
+            if args.shortlist:
+                print("slotread eval: the neighbour vote reads no shortlist; drop --shortlist", file=sys.stderr)
+                return 1
+            metrics = evaluate_knn(dataset, bank, args.examples, args.out, progress=not args.no_progress)
+        elif args.baseline:
             from slotread.eval.baseline import evaluate_baseline
 
-            # a built-in set trains on its train split (BoolQ: dev_rest), a labelled file on the --train file
-            train_split = fitting_split(args.dataset) if args.train is None else None
-            train = load_dataset(
-                args.train or args.dataset, train_split, data_dir=args.data_dir, question=args.question
-            )
-            metrics = evaluate_baseline(dataset, train, args.out, progress=not args.no_progress)
+            metrics = evaluate_baseline(dataset, train(), args.out, progress=not args.no_progress)
         else:
             from slotread.eval.runner import evaluate_model
 
-            fields = dict(args.request_field)
             if args.readout is not None:
                 fields.setdefault("x_readout", True)
             metrics = evaluate_model(
@@ -322,6 +360,7 @@ def _eval(args: argparse.Namespace) -> int:
                 calibration_dir=args.calibration,
                 readout_dir=args.readout,
                 shuffle_seed=args.shuffle_options,
+                example_bank=bank,
                 progress=not args.no_progress,
             )
     except KeyboardInterrupt:
@@ -368,14 +407,20 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate = commands.add_parser(
         "eval",
         help="measure a model (or the TF-IDF baseline) on a labelled dataset; compare runs",
-        description="slotread eval --dataset NAME --out DIR [--model M | --baseline tfidf]; "
+        description="slotread eval --dataset NAME --out DIR [--model M | --baseline tfidf | --baseline knn] "
+        "[--examples K] [--shortlist K] [--example-bank FILE]; "
         "slotread eval compare RUN_A RUN_B; slotread eval table RUN...",
     )
     system = evaluate.add_mutually_exclusive_group()
     system.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
     )
-    system.add_argument("--baseline", choices=["tfidf"], help="run the TF-IDF + logistic regression baseline instead")
+    system.add_argument(
+        "--baseline",
+        choices=["tfidf", "knn"],
+        help="run a baseline with no model instead: tfidf (TF-IDF + logistic regression on the train split) or "
+        "knn (the smoothed label vote of the --examples K BM25-nearest examples of the bank)",
+    )
     evaluate.add_argument("--dataset", help="banking77, clinc150, sst5, boolq, or a labelled .jsonl/.csv file")
     evaluate.add_argument("--split", help="split of a built-in dataset (default: test; boolq: dev)")
     evaluate.add_argument(
@@ -402,6 +447,28 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="SEED",
         help="ask a choice question with its options in this seeded random order (predictions stay in class "
         "order; eval compare against the unshuffled run prints the option-order flip rate)",
+    )
+    evaluate.add_argument(
+        "--examples",
+        type=int,
+        default=0,
+        metavar="K",
+        help="show each item's K BM25-nearest bank examples as solved cases (x_examples=K); with --baseline knn, "
+        "the neighbours that vote. The bank is the train split (--train for a labelled file) or --example-bank",
+    )
+    evaluate.add_argument(
+        "--shortlist",
+        type=int,
+        default=0,
+        metavar="K",
+        help="read at most K options, those the nearest bank examples point to (x_shortlist=K)",
+    )
+    evaluate.add_argument(
+        "--example-bank",
+        type=Path,
+        metavar="FILE",
+        help="example bank file (as slotread serve --example-bank takes) instead of the train split; "
+        "it may hold none of the evaluated texts",
     )
     evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     evaluate.add_argument(
@@ -514,6 +581,14 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument(
         "--readout", type=Path, default=None, help="directory of learned readouts (slotread fit --out) for x_readout"
     )
+    decide.add_argument(
+        "--example-bank",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="example bank serving x_examples and x_shortlist (as slotread serve takes it); repeatable",
+    )
     decide.set_defaults(run=_decide)
 
     serve = commands.add_parser("serve", help="serve System One and OpenAI Decisions over HTTP")
@@ -562,6 +637,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="directory of learned readouts (slotread fit --out) that requests with x_readout answer with",
+    )
+    serve.add_argument(
+        "--example-bank",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="example bank (JSON Lines: a header with the question, then {state, answer} lines; see README) "
+        "serving x_examples and x_shortlist for its question schema; repeatable",
     )
     serve.add_argument(
         "--upstream",

@@ -16,19 +16,21 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
+from slotread.api.bank_file import read_bank
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.errors import CalibrationError, ModelLoadError, UnknownModel
+from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.answering import decide_calibrated
+from slotread.quality.examples import ExampleBank, ExampleBanks
 from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
 
@@ -47,6 +49,12 @@ def make_engine(loaded: LoadedModel) -> Engine:
     if loaded.family == "masked" and isinstance(loaded.model, PreTrainedModel):
         return MaskedEngine(loaded.model, masked_adapter(loaded.name, loaded.model.config, loaded.tokenizer))
     raise ModelLoadError(loaded.name, f"no in-process engine reads a {type(loaded.model).__name__}")
+
+
+def read_example_bank(path: Path) -> ExampleBank:
+    """An example bank file (format: ``slotread.api.bank_file``) as a bank a Decider serves."""
+    data = read_bank(path)
+    return ExampleBank(data.question, data.instructions, data.examples, str(path))
 
 
 class Decider:
@@ -68,6 +76,9 @@ class Decider:
     answering ``x_calibration: contextual`` are written back to it. ``readout_dir`` holds learned
     readouts (``slotread fit``) that requests with ``x_readout`` answer with; with upstreams only
     those fitted on label logits alone can answer (a remote engine returns no hidden states).
+
+    ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
+    read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
     """
 
     def __init__(
@@ -86,6 +97,7 @@ class Decider:
         max_permutations: int = systemone.DEFAULT_MAX_PERMUTATIONS,
         max_prompt_tokens: int | None = None,
         calibration_dir: Path | None = None,
+        example_banks: Sequence[ExampleBank] = (),
         readout_dir: Path | None = None,
     ) -> None:
         if upstreams:
@@ -124,8 +136,9 @@ class Decider:
         self.max_prompt_tokens = max_prompt_tokens
         try:
             self.calibrations = CalibrationStore(self.name, calibration_dir)
+            self.banks = ExampleBanks(example_banks)
             self.readouts = ReadoutStore(self.name, readout_dir, hidden_states=not upstreams)
-        except CalibrationError:
+        except (CalibrationError, ExampleBankError):
             self.close()
             raise
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
@@ -169,6 +182,6 @@ class Decider:
         layout = self.readouts.layout_for(decision) if decision.readout else None
         renderer = self.renderer_for(layout) if layout else self.renderer
         result = decide_calibrated(
-            decision, self.engine, renderer, self.calibrations, self.max_prompt_tokens, self.readouts
+            decision, self.engine, renderer, self.calibrations, self.max_prompt_tokens, self.banks, self.readouts
         )
         return wire, result

@@ -19,8 +19,10 @@
     │                              the replica disagree on the wire, not the caller's fault (502)
     ├── EvalError                  an evaluation cannot run: a dataset that is missing or malformed
     │                              (says where it looked), or a run folder holding another run
-    └── CalibrationError           a calibration artifact cannot be read, or two claim one question;
-                                   says which file and why (the server refuses to start)
+    ├── CalibrationError           a calibration artifact cannot be read, or two claim one question;
+    │                              says which file and why (the server refuses to start)
+    └── ExampleBankError           an example bank cannot be read, or two serve one question schema;
+                                   says which bank and why (the server refuses to start)
 
 Only the edges (cli, the server) turn these into exit codes or status codes.
 """
@@ -149,3 +151,7 @@ class EvalError(SlotreadError):
 
 class CalibrationError(SlotreadError):
     """A calibration artifact cannot be read or breaks the format; the message names the file and the problem."""
+
+
+class ExampleBankError(SlotreadError):
+    """An example bank cannot be read or breaks the format; the message names the bank and the problem."""

@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     calibration_dir: Path | None = None
     #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with
     readout_dir: Path | None = None
+    #: example bank files (``slotread.api.bank_file``) serving x_examples and x_shortlist, one per question schema
+    example_banks: list[Path] = Field(default_factory=list)
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -94,4 +96,7 @@ class Settings(BaseSettings):
             raise ValueError(f"calibration_dir: {self.calibration_dir} is not a directory")
         if self.readout_dir is not None and not self.readout_dir.is_dir():
             raise ValueError(f"readout_dir: {self.readout_dir} is not a directory")
+        for bank in self.example_banks:
+            if not bank.is_file():
+                raise ValueError(f"example_banks: {bank} is not a file")
         return self

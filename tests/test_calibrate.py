@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slotread.calibrate import calibrate, drop_overlap, normalised, refuse_overlap
+from slotread.calibrate import calibrate, drop_overlap, refuse_overlap
 from slotread.cli import main
 from slotread.core.aggregate import softmax
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
-from slotread.eval.datasets import Dataset, Item, Task
+from slotread.eval.datasets import Dataset, Item, Task, normalised
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import Calibration
 from slotread.quality.calibration import T_MAX, T_MIN, mean_nll

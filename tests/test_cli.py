@@ -25,6 +25,23 @@ def test_decide_prints_the_response(
     assert json.loads(capsys.readouterr().out) != response
 
 
+def test_decide_serves_an_example_bank(
+    tiny_diffusion_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    question = {"type": "choice", "criteria": {"outage": None, "billing": None, "other": None}}
+    lines = [{"question": question}, {"state": "the site is down", "answer": "outage"}]
+    lines += [{"state": "i was billed twice", "answer": "billing"}, {"state": "hello", "answer": "other"}]
+    (tmp_path / "bank.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"state": "the server is down", "questions": {"kind": question}, "x_examples": 2}))
+    argv = ["decide", "--model", str(tiny_diffusion_dir), str(request)]
+    assert main([*argv, "--example-bank", str(tmp_path / "bank.jsonl")]) == 0
+    answer = json.loads(capsys.readouterr().out)["answers"]["kind"]
+    assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
+    assert main(argv) == 2  # no bank serves the question
+    assert "no example bank serves question 'kind'" in capsys.readouterr().err
+
+
 def test_decide_reads_stdin(
     tiny_diffusion_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,11 +119,21 @@ def test_serve_exits_1_naming_a_model_it_cannot_load(capsys: pytest.CaptureFixtu
         ["--port", "70000"],
         ["--calibration", "/no/such/dir"],
         ["--max-permutations", "0"],
+        ["--example-bank", "/no/such/bank.jsonl"],
     ],
 )
 def test_serve_refuses_bad_settings_before_starting(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *flags]) == 1
     assert "slotread serve:" in capsys.readouterr().err
+
+
+def test_serve_exits_1_naming_an_example_bank_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bank = tmp_path / "bank.jsonl"
+    bank.write_text('{"question": {"type": "noul"}}\n{"state": "s", "answer": "maybe"}\n')
+    assert main(["serve", "--example-bank", str(bank), "--port", "0"]) == 1
+    assert f"{bank}:2: 'maybe' is not an answer" in capsys.readouterr().err
 
 
 def test_serve_refuses_an_api_key_file_without_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,8 +20,9 @@ ALLOWED = {
     "models": {"engines"},
     # the server wires the rest: the Decider, the wire formats, the engine contract, the registry
     "serve": {"api", "decider", "engines", "models", "settings"},
-    # evaluation drives the public API: the Decider and the System One wire format
-    "eval": {"api", "decider"},
+    # evaluation drives the public API: the Decider and the System One wire format; example banks
+    # (quality.examples) it builds from train splits for the Decider and votes with (the knn baseline)
+    "eval": {"api", "decider", "quality"},
 }
 
 #: third-party packages the model-side layers may import: they run without the server's dependencies

@@ -123,6 +123,8 @@ class DecisionsRequest(_Wire):
     x_calibration: CalibrationMethod | None = None
     x_coverage: StrictFloat | None = None
     x_readout: StrictBool | None = None
+    x_examples: StrictInt | None = None
+    x_shortlist: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -170,7 +172,16 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
-    for option in ("x_seed", "x_samples", "x_permutations", "x_calibration", "x_coverage", "x_readout"):
+    for option in (
+        "x_seed",
+        "x_samples",
+        "x_permutations",
+        "x_calibration",
+        "x_coverage",
+        "x_examples",
+        "x_shortlist",
+        "x_readout",
+    ):
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)
     return body

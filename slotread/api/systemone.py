@@ -27,6 +27,8 @@ AnswerValue = str | StrictBool | StrictInt
 DEFAULT_MAX_QUESTIONS = 64
 DEFAULT_MAX_SAMPLES = 32
 DEFAULT_MAX_PERMUTATIONS = 16
+#: Largest x_examples (solved examples shown per question).
+MAX_EXAMPLES = 64
 
 
 class _WireQuestion(BaseModel):
@@ -103,6 +105,8 @@ class SystemOneRequest(BaseModel):
     x_calibration: CalibrationMethod | None = None
     x_coverage: StrictFloat | None = None
     x_readout: StrictBool | None = None
+    x_examples: StrictInt | None = None
+    x_shortlist: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -228,6 +232,7 @@ def to_decision(
             "x_coverage needs x_calibration 'none', 'contextual' or 'temperature': batch calibration moves with traffic"
         )
         problems.append(_problem(["x_coverage"], msg))
+    problems += _example_problems(request)
     if request.x_readout:
         problems += _readout_problems(request, permutations)
     questions: dict[str, Question] = {}
@@ -251,6 +256,8 @@ def to_decision(
         calibration=request.x_calibration or "none",
         coverage=coverage,
         readout=bool(request.x_readout),
+        examples=request.x_examples or 0,
+        shortlist=request.x_shortlist or 0,
     )
 
 
@@ -264,8 +271,41 @@ def _readout_problems(request: SystemOneRequest, permutations: int) -> list[Erro
         problems.append(_problem(["x_calibration"], "x_readout answers with a head calibrated in its fit: ask 'none'"))
     if request.x_coverage is not None:
         problems.append(_problem(["x_coverage"], "x_readout has no conformal scores: leave x_coverage out"))
-    if request.x_joint or request.joint:
+    if request.x_joint or (request.x_joint is None and request.joint):
         problems.append(_problem(["x_joint"], "x_readout reads each question on its own: leave joint reads off"))
+    for field in ("x_examples", "x_shortlist"):
+        if getattr(request, field):
+            problems.append(
+                _problem([field], f"x_readout was fitted on reads without examples or shortlists: drop {field}")
+            )
+    return problems
+
+
+def _example_problems(request: SystemOneRequest) -> list[ErrorDetail]:
+    """x_examples and x_shortlist: their ranges, and the read options they cannot be combined with."""
+    problems = []
+    examples, shortlist = request.x_examples or 0, request.x_shortlist or 0
+    if not 0 <= examples <= MAX_EXAMPLES:
+        problems.append(_problem(["x_examples"], f"x_examples must be 0..{MAX_EXAMPLES}, got {examples}"))
+    if shortlist and not 2 <= shortlist <= MAX_CHOICE_OPTIONS:
+        msg = f"x_shortlist must be 0 (off) or 2..{MAX_CHOICE_OPTIONS}, got {shortlist}"
+        problems.append(_problem(["x_shortlist"], msg))
+    if not examples and not shortlist:
+        return problems
+    field = "x_examples" if examples else "x_shortlist"
+    if request.x_joint or (request.x_joint is None and request.joint):
+        msg = f"{field} reads each question alone (its examples and options are its own); drop joint"
+        problems.append(_problem([field], msg))
+    if request.x_calibration in ("temperature", "batch"):
+        msg = (
+            f"x_calibration {request.x_calibration!r} is fitted on or gathered from reads without examples or "
+            f"shortlists; with {field} use 'none' or 'contextual' (its content-free reads show the same "
+            "examples and options)"
+        )
+        problems.append(_problem(["x_calibration"], msg))
+    if request.x_coverage is not None:
+        msg = f"x_coverage's conformal scores are fitted on reads without examples or shortlists; drop it or {field}"
+        problems.append(_problem(["x_coverage"], msg))
     return problems
 
 

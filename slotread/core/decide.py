@@ -151,7 +151,9 @@ def _units(
     asked: tuple[Question, ...], decision: Decision, answers: dict[str, Answer | None], renderer: Renderer, limit: int
 ) -> list[_Unit]:
     """The reads of one stage: per question and assignment a branch, or per assignment one joint canvas."""
-    groups = [asked] if decision.joint and renderer.joint else [(q,) for q in asked]
+    # a question with solved examples is read alone: its examples are its own (the api refuses the mix)
+    joint = decision.joint and renderer.joint and not any(q.examples for q in asked)
+    groups = [asked] if joint else [(q,) for q in asked]
     units = []
     for group in groups:
         earlier = _earlier(group, decision, answers, renderer)
@@ -160,7 +162,9 @@ def _units(
             listed = tuple(a[j] if j < len(a) else None for a in assignments)
             texts = tuple(question_text(q, renderer, shift or 0) for q, shift in zip(group, listed, strict=True))
             if len(group) == 1:
-                rendered = renderer.render_branch(texts[0], decision.state, decision.instructions, earlier)
+                rendered = renderer.render_branch(
+                    texts[0], decision.state, decision.instructions, earlier, group[0].examples
+                )
             else:
                 rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier)
             if rendered.tokens > limit:

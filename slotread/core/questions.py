@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from slotread.prompt.render import SolvedExample
+
 Kind = Literal["noul", "choice", "score"]
 Samples = int | Literal["auto"]
 #: How answers are calibrated (``slotread.quality``): not at all, against content-free reads, with a
@@ -43,6 +45,7 @@ class Question:
 
     ``depends_on`` lists earlier questions whose answers this one sees in its prompt; every
     ``ask_if`` condition must hold for the question to be asked (otherwise its answer is null).
+    ``examples`` are solved cases its prompt shows (``slotread.quality.examples`` retrieves them).
     """
 
     id: str
@@ -51,6 +54,7 @@ class Question:
     options: tuple[Option, ...]
     depends_on: tuple[str, ...] = ()
     ask_if: tuple[Condition, ...] = ()
+    examples: tuple[SolvedExample, ...] = ()
 
     @property
     def prerequisites(self) -> tuple[str, ...]:
@@ -67,8 +71,11 @@ class Decision:
     ``permutations``: how many option→label assignments each question is read under (at most its
     number of options; scores always one, see ``core.decide``). ``calibration`` and ``coverage``
     (the target coverage of conformal prediction sets) are applied by ``slotread.quality``;
-    ``core.decide`` only carries them. ``readout``: answer with the schema's learned readout
-    (``slotread.quality.readout``); ``core.decide`` then asks the engine for the slots' hidden states.
+    ``core.decide`` only carries them. So are ``examples`` (how many solved examples from an example
+    bank each question's prompt shows) and ``shortlist`` (read at most this many options, those the
+    nearest examples point to; 0: all), which ``slotread.quality.examples`` applies. ``readout``: answer
+    with the schema's learned readout (``slotread.quality.readout``); ``core.decide`` then asks the
+    engine for the slots' hidden states.
     """
 
     state: str
@@ -81,3 +88,5 @@ class Decision:
     calibration: CalibrationMethod = "none"
     coverage: float | None = None
     readout: bool = False
+    examples: int = 0
+    shortlist: int = 0

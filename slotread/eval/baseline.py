@@ -1,6 +1,10 @@
-"""The reference point: TF-IDF features and logistic regression, trained on the dataset's train split.
+"""Reference points with no language model, trained on the dataset's train split.
 
-It answers the same items and writes the same run folder as a model run, so it sits in the same
+``tfidf``: TF-IDF features and logistic regression. ``knn``: the smoothed label vote of the K
+BM25-nearest examples of an example bank (``quality.examples.vote_distribution``: one vote per
+neighbour, a pseudo count of one vote spread over the options), the vote a model read with
+``x_examples``/``x_shortlist`` must beat to show that reading the model adds anything (issue 6).
+Each answers the same items and writes the same run folder as a model run, so it sits in the same
 tables. The state text is all it sees (no question), so it needs a train split with the same classes.
 """
 
@@ -12,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from slotread.errors import EvalError
+from slotread.eval.banks import bank_info, check_bank
 from slotread.eval.datasets import Dataset, Item
 from slotread.eval.predictions import Prediction
 from slotread.eval.runner import Predictor, run, run_info
+from slotread.quality.examples import ExampleBank
 
 SYSTEM = "tfidf-logreg"
 
@@ -55,3 +61,29 @@ def evaluate_baseline(dataset: Dataset, train: Dataset, out: Path, *, progress: 
         raise EvalError(f"the train data ({train.name} {train.split}) needs at least two classes")
     info = run_info(dataset, SYSTEM, None) | {"train": [train.name, train.split]}
     return run(dataset, out, info, lambda: tfidf_predictor(train), progress=progress)
+
+
+def knn_system(k: int) -> str:
+    """The neighbour vote's name in run folders and tables."""
+    return f"bm25-vote-{k}"
+
+
+def knn_predictor(bank: ExampleBank, k: int) -> Predictor:
+    """Answer an item with the smoothed label vote of its k BM25-nearest bank examples."""
+
+    def predict(item: Item) -> Prediction:
+        return Prediction(bank.vote(item.state, k))
+
+    return predict
+
+
+def evaluate_knn(dataset: Dataset, bank: ExampleBank, k: int, out: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run the k-neighbour vote of ``bank`` on ``dataset`` into ``out`` like a model run.
+
+    EvalError if the bank serves another question or holds an evaluated item's text.
+    """
+    if k < 1:
+        raise EvalError("the neighbour vote needs --examples K of at least 1")
+    check_bank(bank, dataset)
+    info = run_info(dataset, knn_system(k), None) | {"example_bank": bank_info(bank), "neighbours": k}
+    return run(dataset, out, info, lambda: knn_predictor(bank, k), progress=progress)

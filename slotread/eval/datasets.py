@@ -319,6 +319,11 @@ def load_dataset(
     return Dataset(dataset, None, task, tuple(_labelled_file(path, task)))
 
 
+def normalised(text: str) -> str:
+    """How texts are compared for overlap between data sets: whitespace collapsed, case folded."""
+    return " ".join(text.split()).casefold()
+
+
 def subset(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
     """``limit`` items drawn without replacement with ``random.Random(seed)``, kept in file order.
 

@@ -30,6 +30,7 @@ from slotread.eval.report import PREDICTIONS, RUN_INFO, write_report
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
+    from slotread.quality.examples import ExampleBank
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +190,7 @@ def evaluate_model(
     calibration_dir: Path | None = None,
     readout_dir: Path | None = None,
     shuffle_seed: int | None = None,
+    example_bank: ExampleBank | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
@@ -200,7 +202,9 @@ def evaluate_model(
     the learned readouts it answers ``x_readout`` with (``slotread fit``). ``shuffle_seed`` (recorded in
     run.json as ``shuffle_options``) asks a choice question with its options in that seeded order
     (``shuffle_options``); predictions stay in class order, so the run pairs with an unshuffled one
-    in ``compare``, whose flip rate is then the option-order flip rate.
+    in ``compare``, whose flip rate is then the option-order flip rate. ``example_bank`` (for
+    ``x_examples``, ``x_shortlist``; described in run.json) must serve the dataset's question and hold
+    none of its items (EvalError, before the model loads); a Decider passed in serves its own banks.
     """
     fields = {"x_seed": seed, **(request_fields or {})}
     if {"state", "questions"} & fields.keys():
@@ -209,7 +213,18 @@ def evaluate_model(
         raise EvalError(f"{dataset.name} has no items")
     question = None if shuffle_seed is None else shuffle_options(dataset.task, shuffle_seed)
     to_decision(parse_request(build_request(dataset.task, dataset.items[0], fields, question)))
+    if example_bank is not None:
+        from slotread.eval.banks import check_bank
+
+        check_bank(example_bank, dataset)
     system = model if isinstance(model, str) else model.name
+
+    if (
+        not isinstance(model, str)
+        and example_bank is not None
+        and model.banks.get(example_bank.schema) is not example_bank
+    ):
+        raise EvalError("the Decider given does not serve the example bank given; build it with example_banks")
 
     def load() -> Predictor:
         if not isinstance(model, str):
@@ -225,6 +240,7 @@ def evaluate_model(
             dtype=getattr(torch, dtype),
             calibration_dir=calibration_dir,
             readout_dir=readout_dir,
+            example_banks=[example_bank] if example_bank is not None else [],
         )
         return DeciderPredictor(decider, dataset.task, fields, question)
 
@@ -235,4 +251,8 @@ def evaluate_model(
         info["readout_dir"] = str(readout_dir)
     if shuffle_seed is not None:
         info["shuffle_options"] = shuffle_seed
+    if example_bank is not None:
+        from slotread.eval.banks import bank_info
+
+        info["example_bank"] = bank_info(example_bank)
     return run(dataset, out, info, load, progress=progress)

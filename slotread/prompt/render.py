@@ -12,6 +12,15 @@ then the schema and the request in the family's fixed layout, see ``LAYOUTS``):
                               [question + options, reply instruction, template tail]
                               | canvas: Answer: <slot> <reply end>
 
+Solved examples (``SolvedExample``, retrieved from an example bank by ``slotread.quality.examples``)
+put the schema first in every family: the labels an example answers with mean nothing before the
+options are listed, and the schema stays a prefix shared by every state. The examples, nearest last,
+then the state, share the request's last segment:
+
+    with examples:            [head] [instructions] [question + options]
+                              [Solved examples: Input/Answer pairs, Input: state, earlier answers,
+                               reply instruction, template tail] | canvas as above
+
 A causal model reads the slot as the first token of its reply; the questions of one decision are
 branches sharing the state's KV. DiffusionGemma reads every slot of a fixed-length canvas in one
 decoder step, and one question's schema is a prefix shared by every state it is asked about. A joint
@@ -94,6 +103,14 @@ class QuestionText:
 
 
 @dataclass(frozen=True)
+class SolvedExample:
+    """A labelled state shown in the prompt as a solved case: its text and the name of its option."""
+
+    state: str
+    answer: str
+
+
+@dataclass(frozen=True)
 class EarlierAnswer:
     """An answer from an earlier stage that a later question sees."""
 
@@ -171,6 +188,14 @@ def reply_instruction(question: QuestionText) -> str:
     return f"Answer with the number of the level (0-{len(question.options) - 1})."
 
 
+def examples_block(question: QuestionText, examples: tuple[SolvedExample, ...]) -> str:
+    """The solved examples as the model sees them: each state under "Input:", then "Answer:" and the
+    label its option is read through in this listing (the answer format the read itself asks for)."""
+    names = [option.name for option in question.options]
+    cases = [f"Input:\n{e.state}\nAnswer: {question.labels.texts[names.index(e.answer)]}" for e in examples]
+    return "Solved examples:\n\n" + "\n\n".join(cases)
+
+
 class Renderer:
     """Turns question texts into engine reads for one tokenizer and model family.
 
@@ -246,17 +271,20 @@ class Renderer:
         instructions: str | None,
         earlier: tuple[EarlierAnswer, ...],
         reply: str,
+        examples: str = "",
     ) -> tuple[tuple[int, ...], ...]:
         """The prompt ids in cacheable segments: template head, instructions, then schema and request
-        in the layout's order."""
+        in the layout's order (schema first whenever there are ``examples``, see the module docstring)."""
         head = f"{instructions}\n\n" if instructions else ""
+        layout: Layout = "schema_first" if examples else self.layout
         # A state-first prompt opens with the bare state (measured better); after a schema the state
         # needs a label to mark where it starts.
-        request = state + "\n" if self.layout == "state_first" else f"Input:\n{state}\n"
+        request = state + "\n" if layout == "state_first" else f"Input:\n{state}\n"
         if earlier:
             request += "\nEarlier answers:\n" + "".join(f"- {heading(a.question)} {a.answer}\n" for a in earlier)
-        if self.layout == "schema_first":
-            parts = [head, schema + "\n\n", request + "\n" + reply]
+        if layout == "schema_first":
+            shown = examples + "\n\n" if examples else ""
+            parts = [head, schema + "\n\n", shown + request + "\n" + reply]
         else:
             parts = [head, request + "\n", schema + "\n" + reply]
         content = "".join(parts)
@@ -296,9 +324,14 @@ class Renderer:
         state: str,
         instructions: str | None = None,
         earlier: tuple[EarlierAnswer, ...] = (),
+        examples: tuple[SolvedExample, ...] = (),
     ) -> Rendered:
-        """One question alone in its own prompt and canvas (the isolated read)."""
-        prompt = self._prompt(question_block(question), state, instructions, earlier, reply_instruction(question))
+        """One question alone in its own prompt and canvas (the isolated read), after its solved
+        ``examples`` (option names of ``question``) when there are any."""
+        shown = examples_block(question, examples) if examples else ""
+        prompt = self._prompt(
+            question_block(question), state, instructions, earlier, reply_instruction(question), shown
+        )
         if self.family != "causal":
             canvas, slots = self._slot_canvas([(self.reply_prefix, question.labels)])
         else:

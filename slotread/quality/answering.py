@@ -5,8 +5,14 @@ conformal scores missing or fitted under other read options). For ``contextual``
 content-free prompts the store lacks: each question without the state (``CONTENT_FREE_STATES`` in
 its place), without earlier answers, under the same assignments, as isolated branches; p_cf per
 shift is the mean of their softmaxes. Then ``core.decide`` reads the decision and hands each raw
-answer to ``calibrate_answer`` before later stages see it. A decision with ``readout`` is answered by
-its schemas' learned readouts instead (``quality.readout``; refused before reading if one is missing).
+answer to ``calibrate_answer`` before later stages see it.
+
+With ``x_examples`` or ``x_shortlist`` (``quality.examples``) each question is first given its solved
+examples and shortlisted options; a shortlisted answer is expanded to every option after calibration.
+Their content-free reads show the same examples and options, so they are read for each request and
+not kept in the store (they depend on the state through the retrieved examples). A decision
+with ``readout`` is answered by its schemas' learned readouts instead (``quality.readout``; refused
+before reading if one is missing).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from slotread.prompt.render import Renderer
 from slotread.quality.artifact import Calibration, schema_hash
 from slotread.quality.calibration import calibrate_reads, divide_prior
 from slotread.quality.conformal import conformal_threshold, prediction_set
+from slotread.quality.examples import ExampleBanks, expand_answer, retrieve
 from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
 
@@ -43,30 +50,44 @@ def decide_calibrated(
     renderer: Renderer,
     store: CalibrationStore,
     max_tokens: int | None = None,
+    banks: ExampleBanks | None = None,
     readouts: ReadoutStore | None = None,
 ) -> DecisionResult:
-    """``core.decide`` with ``decision.calibration`` applied; usage includes any content-free reads.
-    With ``decision.readout`` every answer comes from its schema's learned readout in ``readouts``
-    instead (the API allows no calibration or coverage beside it).
+    """``core.decide`` with ``decision.examples``/``shortlist`` from ``banks`` and ``decision.calibration``
+    applied; usage includes any content-free reads. With ``decision.readout`` every answer comes from its
+    schema's learned readout in ``readouts`` instead (the API allows no calibration, coverage, examples
+    or shortlist beside it).
 
-    Raises InvalidRequest when the store lacks a fit the decision needs, besides core.decide's errors.
+    Raises InvalidRequest when the store lacks a fit the decision needs, or no bank serves a question
+    that needs one, besides core.decide's errors.
     """
+    decision, shortlists = retrieve(decision, banks or ExampleBanks())
     schemas = {q.id: schema_hash(q, decision.instructions) for q in decision.questions}
     if decision.readout:
         return _decide_readout(decision, engine, renderer, readouts, schemas, max_tokens)
     _check(decision, store, schemas)
     spent = (0, 0)
-    if decision.calibration == "contextual":
+    retrieved = bool(decision.examples or decision.shortlist)
+    per_request: Mapping[str, Mapping[int, np.ndarray]] = {}
+    if decision.calibration == "contextual" and retrieved:
+        questions = {q.id: replace(q, depends_on=(), ask_if=()) for q in decision.questions}
+        per_request, read_in, read_out = _content_free_reads(questions, decision, engine, renderer, max_tokens)
+        spent = (read_in, read_out)
+    elif decision.calibration == "contextual":
         spent = _read_content_free(decision, engine, renderer, store, schemas, max_tokens)
-    if decision.calibration == "none" and decision.coverage is None:
+    if decision.calibration == "none" and decision.coverage is None and not shortlists:
         result = decide(decision, engine, renderer, max_tokens)
     else:
         # what each schema is calibrated with, taken once: the store may forget or add meanwhile
         fits = {schema: (store.artifact(schema), store.content_free(schema)) for schema in schemas.values()}
 
         def adjust(answer: Answer) -> Answer:
-            schema = schemas[answer.question.id]
-            return calibrate_answer(answer, decision, schema, store, *fits[schema])
+            qid = answer.question.id
+            if decision.calibration != "none" or decision.coverage is not None:
+                fitted, content_free = fits[schemas[qid]]
+                content_free = per_request.get(qid, content_free)
+                answer = calibrate_answer(answer, decision, schemas[qid], store, fitted, content_free)
+            return expand_answer(answer, shortlists[qid]) if qid in shortlists else answer
 
         result = decide(decision, engine, renderer, max_tokens, adjust)
     return DecisionResult(result.answers, result.input_tokens + spent[0], result.output_tokens + spent[1])
@@ -187,13 +208,32 @@ def _read_content_free(
             missing[schema] = replace(question, id=schema, depends_on=(), ask_if=())
     if not missing:
         return 0, 0
-    reads: dict[str, list[tuple[int, np.ndarray]]] = {schema: [] for schema in missing}
+    found, input_tokens, output_tokens = _content_free_reads(missing, decision, engine, renderer, max_tokens)
+    for schema, question in missing.items():
+        learned = Calibration(
+            model=store.model,
+            schema=schema,
+            kind=question.kind,
+            options=tuple(o.name for o in question.options),
+            content_free=found[schema],
+            content_free_states=CONTENT_FREE_STATES,
+        )
+        store.learn_content_free(learned)
+    return input_tokens, output_tokens
+
+
+def _content_free_reads(
+    questions: dict[str, Question], decision: Decision, engine: Engine, renderer: Renderer, max_tokens: int | None
+) -> tuple[dict[str, dict[int, np.ndarray]], int, int]:
+    """Read ``questions`` (keyed by their ids, asked unconditionally) on each content-free state; returns
+    per question shift → mean distribution, and the input and output tokens spent."""
+    reads: dict[str, list[tuple[int, np.ndarray]]] = {key: [] for key in questions}
     input_tokens = output_tokens = 0
     for state in CONTENT_FREE_STATES:
         blank = replace(
             decision,
             state=state,
-            questions=tuple(missing.values()),
+            questions=tuple(questions.values()),
             seed=0,
             samples=CONTENT_FREE_DRAWS,
             joint=False,
@@ -202,20 +242,13 @@ def _read_content_free(
         result = decide(blank, engine, renderer, max_tokens)
         input_tokens += result.input_tokens
         output_tokens += result.output_tokens
-        for schema, answer in result.answers.items():
+        for key, answer in result.answers.items():
             assert answer is not None  # no ask_if: every question is asked
-            reads[schema] += [(read.shift, softmax(read.logits)) for read in answer.reads]
-    for schema, question in missing.items():
+            reads[key] += [(read.shift, softmax(read.logits)) for read in answer.reads]
+    found = {}
+    for key, question_reads in reads.items():
         by_shift: dict[int, list[np.ndarray]] = {}
-        for shift, p in reads[schema]:
+        for shift, p in question_reads:
             by_shift.setdefault(shift, []).append(p)
-        found = Calibration(
-            model=store.model,
-            schema=schema,
-            kind=question.kind,
-            options=tuple(o.name for o in question.options),
-            content_free={shift: np.mean(ps, axis=0) for shift, ps in by_shift.items()},
-            content_free_states=CONTENT_FREE_STATES,
-        )
-        store.learn_content_free(found)
-    return input_tokens, output_tokens
+        found[key] = {shift: np.mean(ps, axis=0) for shift, ps in by_shift.items()}
+    return found, input_tokens, output_tokens

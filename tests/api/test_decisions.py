@@ -120,3 +120,9 @@ def test_problems_are_located_in_the_decisions_body(change: dict[str, Any], loc:
 def test_x_readout_passes_through() -> None:
     body = to_systemone(parse_request({**REQUEST, "x_readout": True}))
     assert body["x_readout"] is True
+
+
+def test_example_options_pass_through_to_system_one() -> None:
+    body = to_systemone(parse_request({**REQUEST, "x_examples": 8, "x_shortlist": 5}))
+    assert (body["x_examples"], body["x_shortlist"]) == (8, 5)
+    assert "x_examples" not in to_systemone(parse_request(REQUEST))

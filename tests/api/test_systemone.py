@@ -299,3 +299,35 @@ def test_x_readout_refuses_what_a_readout_was_not_fitted_under() -> None:
     plain = {"state": "s", "questions": {"q": {"type": "noul"}}, "x_readout": True, "x_samples": 4}
     decision = to_decision(parse_request(plain))
     assert decision.readout and decision.samples == 4
+
+
+def test_examples_and_shortlists_are_read_options_within_range() -> None:
+    body = {"state": "s", "questions": {"q": CHOICE}}
+    assert (decision(body).examples, decision(body).shortlist) == (0, 0)
+    found = decision({**body, "x_examples": 64, "x_shortlist": 2, "x_calibration": "contextual"})
+    assert (found.examples, found.shortlist) == (64, 2)
+    assert locs({**body, "x_examples": 65}) == [["body", "x_examples"]]
+    assert locs({**body, "x_examples": -1}) == [["body", "x_examples"]]
+    assert locs({**body, "x_examples": "8"}) == [["body", "x_examples"]]
+    assert locs({**body, "x_shortlist": 1}) == [["body", "x_shortlist"]]
+    assert locs({**body, "x_shortlist": 256}) == [["body", "x_shortlist"]]
+
+
+@pytest.mark.parametrize(
+    ("extra", "loc", "words"),
+    [
+        ({"joint": True}, "x_examples", "drop joint"),
+        ({"x_joint": True}, "x_examples", "drop joint"),
+        ({"x_calibration": "temperature"}, "x_calibration", "'none' or 'contextual'"),
+        ({"x_calibration": "batch"}, "x_calibration", "'none' or 'contextual'"),
+        ({"x_coverage": 0.9}, "x_coverage", "conformal scores"),
+    ],
+)
+def test_examples_refuse_read_options_fitted_without_them(extra: dict[str, Any], loc: str, words: str) -> None:
+    for field in ("x_examples", "x_shortlist"):
+        body = {"state": "s", "questions": {"q": CHOICE}, field: 2, **extra}
+        (problem,) = problems(body)
+        assert problem["loc"] == ["body", loc.replace("x_examples", field)] and words in problem["msg"]
+    # joint false with examples is fine, as are these options without examples
+    assert decision({"state": "s", "questions": {"q": CHOICE}, "x_examples": 2, "x_joint": False}).examples == 2
+    decision({"state": "s", "questions": {"q": CHOICE}, **extra})

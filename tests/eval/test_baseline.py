@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from slotread.errors import EvalError
-from slotread.eval.baseline import evaluate_baseline, tfidf_predictor
+from slotread.eval.banks import bank_from_dataset
+from slotread.eval.baseline import evaluate_baseline, evaluate_knn, tfidf_predictor
 from slotread.eval.datasets import Item, load_dataset
 
 TRAIN = [
@@ -60,3 +61,22 @@ def test_the_baseline_needs_two_classes_to_learn(tmp_path: Path) -> None:
     test = load_dataset("banking77", data_dir=tmp_path)
     with pytest.raises(EvalError, match="at least two classes"):
         evaluate_baseline(test, replace(test, split="train", items=test.items[:1]), tmp_path / "run")
+
+
+def test_the_neighbour_vote_writes_a_run_folder_like_a_model(tmp_path: Path) -> None:
+    write_set(tmp_path)
+    test = load_dataset("banking77", data_dir=tmp_path)
+    bank = bank_from_dataset(load_dataset("banking77", "train", data_dir=tmp_path), test)
+    metrics = evaluate_knn(test, bank, 3, tmp_path / "run", progress=False)
+    assert metrics["system"] == "bm25-vote-3" and metrics["items"] == 3
+    # card and refund messages find their own labels; pin_blocked is in no bank example
+    assert metrics["accuracy"] == pytest.approx(2 / 3)
+    rows = list(csv.DictReader((tmp_path / "run" / "predictions.csv").read_text().splitlines()))
+    p = [float(rows[0][f"p:{name}"]) for name in ("card_arrival", "request_refund", "pin_blocked")]
+    assert sum(p) == pytest.approx(1.0) and p[2] == pytest.approx(
+        (1 / 3) / (3 + 1e-3 * 2 + 1)
+    )  # weights 1 + 0.001·(3 − j)/3
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["neighbours"] == 3 and info["example_bank"]["source"] == "banking77 train"
+    with pytest.raises(EvalError, match="at least 1"):
+        evaluate_knn(test, bank, 0, tmp_path / "other", progress=False)

@@ -160,3 +160,67 @@ def test_the_baseline_on_a_labelled_file_trains_on_the_train_file(
     assert main([*argv, "--train", str(tmp_path / "train.csv"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["items"] == 2
     assert json.loads((tmp_path / "run" / "run.json").read_text())["train"] == [str(tmp_path / "train.csv"), None]
+
+
+@pytest.fixture
+def bank_data_dir(data_dir: Path) -> Path:
+    """The tiny set with a train split of other messages, so a bank from it holds no evaluated text."""
+    train = [
+        ("my card still has not come", "card_arrival"),
+        ("when will the card be delivered", "card_arrival"),
+        ("give me a refund please", "request_refund"),
+        ("refund the wrong payment", "request_refund"),
+        ("my card was stolen today", "lost_or_stolen_card"),
+        ("i cannot find my card anywhere", "lost_or_stolen_card"),
+    ]
+    rows = "".join(f"{text},{label}\n" for text, label in train)
+    (data_dir / "banking77" / "train.csv").write_text("text,category\n" + rows)
+    return data_dir
+
+
+def test_eval_with_examples_and_a_shortlist_records_the_bank(
+    cache_dir: Path, bank_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = ["--cache-dir", str(cache_dir), "eval", "--model", "smollm2-135m-instruct", "--dataset", "banking77"]
+    argv += ["--data-dir", str(bank_data_dir), "--limit", "2", "--examples", "2", "--shortlist", "2"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["request"] == {"x_seed": 0, "x_examples": 2, "x_shortlist": 2}
+    assert info["example_bank"]["source"] == "banking77 train" and info["example_bank"]["examples"] == 6
+    _, *lines = rows(out)
+    for line in lines:
+        p = [float(v) for v in line.split(",")[-3:]]
+        assert sum(p) == pytest.approx(1.0) and min(p) > 0
+
+
+def test_eval_knn_votes_with_the_train_split(
+    bank_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", "--baseline", "knn", "--examples", "3", "--dataset", "banking77"]
+    assert main([*argv, "--data-dir", str(bank_data_dir), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert "| bm25-vote-3 | banking77 | test | 6 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--baseline", "knn"], "at least 1"),
+        (["--baseline", "knn", "--examples", "3", "--shortlist", "2"], "reads no shortlist"),
+        (["--baseline", "tfidf", "--examples", "3"], "shows no examples"),
+        (["--baseline", "tfidf", "--example-bank", "bank.jsonl"], "shows no examples"),
+        (["--example-bank", "bank.jsonl"], "--example-bank serves"),
+        (["--baseline", "knn", "--examples", "3", "--example-bank", "bank.jsonl"], "also examples of the bank"),
+    ],
+)
+def test_eval_refuses_banks_that_make_no_sense(
+    bank_data_dir: Path, tmp_path: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    question = {"type": "choice", "instructions": "Which of these topics is this bank customer's message about?"}
+    question["criteria"] = {"card arrival": None, "request refund": None, "lost or stolen card": None}
+    lines = [{"question": question}, {"state": "Someone stole my card", "answer": "lost or stolen card"}]
+    (tmp_path / "bank.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    flags = [str(tmp_path / flag) if flag == "bank.jsonl" else flag for flag in flags]
+    argv = ["eval", *flags, "--dataset", "banking77", "--data-dir", str(bank_data_dir), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 1
+    assert message in capsys.readouterr().err

@@ -3,7 +3,15 @@
 import pytest
 
 from slotread.models.load import LoadedModel
-from slotread.prompt.render import CANVAS_BUCKET, EarlierAnswer, Layout, OptionText, QuestionText, Renderer
+from slotread.prompt.render import (
+    CANVAS_BUCKET,
+    EarlierAnswer,
+    Layout,
+    OptionText,
+    QuestionText,
+    Renderer,
+    SolvedExample,
+)
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +200,32 @@ def test_a_swapped_noul_says_what_its_labels_mean(causal: Renderer) -> None:
     assert '"Yes" means: it can wait\n"No" means: they need it today\n' in swapped_text
     assert "answer No if the answer is yes, and Yes if the answer is no." in swapped_text
     assert plain.slots == swapped.slots  # the same two label tokens, in the same order
+
+
+def test_solved_examples_come_after_the_schema_and_answer_in_the_reads_labels(
+    causal: Renderer, diffusion: Renderer
+) -> None:
+    examples = (SolvedExample("EXAMPLE-ONE", "card_lost"), SolvedExample("EXAMPLE-TWO", "refund"))
+    for renderer in (causal, diffusion):
+        question = choice(renderer, ["refund", "card_lost", "other"])
+        read = renderer.render_branch(question, "STATE-TEXT", "Be brief.", examples=examples)
+        other = renderer.render_branch(question, "ANOTHER-STATE", "Be brief.", examples=examples[:1])
+        text = renderer.tokenizer.decode([t for segment in read.prompt for t in segment])
+        # schema first in every family with examples: its segment is shared by every state
+        assert len(read.prompt) == 4 and read.prompt[:3] == other.prompt[:3]
+        assert "Which intent?" in renderer.tokenizer.decode(read.prompt[2])
+        assert text.index("Which intent?") < text.index("EXAMPLE-ONE") < text.index("EXAMPLE-TWO")
+        assert text.index("EXAMPLE-TWO") < text.index("STATE-TEXT")
+        # each example answers with its option's label in this listing: card_lost is B, refund A
+        assert "Input:\nEXAMPLE-ONE\nAnswer: B\n\nInput:\nEXAMPLE-TWO\nAnswer: A\n\nInput:\nSTATE-TEXT" in text
+        ids = [t for segment in read.prompt for t in segment]
+        assert renderer.tokenizer.encode(renderer.tokenizer.decode(ids), add_special_tokens=False) == ids
+
+
+def test_a_swapped_noul_example_answers_in_the_swapped_words(causal: Renderer) -> None:
+    swapped = QuestionText(
+        "noul", "Urgent?", (OptionText("no", None), OptionText("yes", None)), causal.alphabet.yes_no, swapped=True
+    )
+    read = causal.render_branch(swapped, "STATE", examples=(SolvedExample("send it now", "yes"),))
+    text = causal.tokenizer.decode([t for segment in read.prompt for t in segment])
+    assert "Input:\nsend it now\nAnswer: No\n" in text

@@ -1,0 +1,80 @@
+"""Example banks for evaluation: built from a train split (or read from a bank file), kept apart from the
+evaluated items, and described in run.json.
+
+A bank that holds an evaluated item's text would show the model (or the neighbour vote) the answer
+it is judged on. A bank built from a train split leaves such texts out (and says so); a bank file
+that holds one is refused before anything is read. Texts are compared with whitespace collapsed and
+case folded (as ``slotread calibrate --exclude`` compares them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from slotread.api.bank_file import bank_question
+from slotread.errors import EvalError
+from slotread.eval.datasets import Dataset, normalised
+from slotread.eval.runner import option_names
+from slotread.quality.artifact import schema_hash
+from slotread.quality.examples import ExampleBank
+
+logger = logging.getLogger(__name__)
+
+
+def dataset_name(dataset: Dataset) -> str:
+    """A dataset and split as one name: ``banking77 train``."""
+    return dataset.name + (f" {dataset.split}" if dataset.split else "")
+
+
+def bank_from_dataset(train: Dataset, evaluated: Dataset) -> ExampleBank:
+    """The train items as solved examples of the dataset's question (every item answers it), without
+    those whose text is also an ``evaluated`` item's: real splits repeat a few texts (BANKING77's
+    train split holds one of subset154's messages), and a bank must not show an item its answer.
+    How many were left out is logged, and its source names them (run.json records it)."""
+    names = option_names(train.task)
+    held = {normalised(item.state) for item in evaluated.items}
+    kept = [item for item in train.items if normalised(item.state) not in held]
+    source = dataset_name(train)
+    if len(kept) < len(train.items):
+        dropped = len(train.items) - len(kept)
+        logger.warning("%s: %d texts that %s also holds left out of the bank", source, dropped, dataset_name(evaluated))
+        source += f" without the {dropped} texts {dataset_name(evaluated)} also holds"
+    pairs = [(item.state, names[item.gold]) for item in kept]
+    return ExampleBank.from_pairs(bank_question(train.task.question, source), None, pairs, source)
+
+
+def check_bank(bank: ExampleBank, dataset: Dataset) -> None:
+    """Raise EvalError unless ``bank`` serves the dataset's question and shares no text with its items."""
+    schema = schema_hash(bank_question(dataset.task.question, dataset_name(dataset)), None)
+    if bank.schema != schema:
+        raise EvalError(
+            f"the bank {bank.source} serves another question than {dataset_name(dataset)} asks "
+            f"(schema {bank.schema[:16]}, not {schema[:16]}): its header must hold the same question object"
+        )
+    refuse_overlap(bank, dataset)
+
+
+def refuse_overlap(bank: ExampleBank, dataset: Dataset) -> None:
+    """Raise EvalError if any evaluated item's text is also a bank example's text."""
+    held = {normalised(example.state) for example in bank.examples}
+    overlap = [item for item in dataset.items if normalised(item.state) in held]
+    if overlap:
+        raise EvalError(
+            f"{len(overlap)} of {len(dataset.items)} evaluated items of {dataset_name(dataset)} are also examples "
+            f"of the bank {bank.source} (texts compared with whitespace collapsed and case folded), e.g. "
+            f"{overlap[0].state!r}; use a bank that the evaluation does not use"
+        )
+
+
+def bank_info(bank: ExampleBank) -> dict[str, Any]:
+    """How run.json names a bank: its source, size, schema and a digest of its examples."""
+    text = json.dumps([[e.state, e.answer] for e in bank.examples], ensure_ascii=False)
+    return {
+        "source": bank.source,
+        "examples": len(bank),
+        "schema": bank.schema,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
