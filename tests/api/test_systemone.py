@@ -296,6 +296,9 @@ def test_x_readout_refuses_what_a_readout_was_not_fitted_under() -> None:
         to_decision(parse_request(request))
     locs = [problem["loc"] for problem in caught.value.detail]
     assert locs == [["body", "x_permutations"], ["body", "x_calibration"], ["body", "x_coverage"], ["body", "x_joint"]]
+    with pytest.raises(InvalidRequest) as caught:
+        to_decision(parse_request({"state": "s", "questions": {"q": CHOICE}, "x_readout": True, "x_shortlist": 2}))
+    assert [problem["loc"] for problem in caught.value.detail] == [["body", "x_shortlist"]]
     plain = {"state": "s", "questions": {"q": {"type": "noul"}}, "x_readout": True, "x_samples": 4}
     decision = to_decision(parse_request(plain))
     assert decision.readout and decision.samples == 4
