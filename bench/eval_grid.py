@@ -86,7 +86,12 @@ def plan(out: Path, models: list[str], datasets: list[str], settings: list[str],
             ["--limit", str(data.limit)] if data.limit else []
         )
         run = out / "baseline" / key
-        jobs.append(Job(f"baseline/{key}", slotread("eval", "--baseline", "tfidf", *where, "--out", str(run))))
+        jobs.append(
+            Job(f"baseline/{key}/tfidf", slotread("eval", "--baseline", "tfidf", *where, "--out", str(run / "tfidf")))
+        )
+        if data.kind == "choice":
+            vote = slotread("eval", "--baseline", "knn", "--examples", "24", *where, "--out", str(run / "knn24"))
+            jobs.append(Job(f"baseline/{key}/knn24", vote))
     for short in [key for key in models if key in MODELS]:
         model = MODELS[short]
         on = ["--model", model, "--device", device]
@@ -169,6 +174,40 @@ def execute(jobs: list[Job], out: Path, parallel: int) -> int:
     return 1 if failed else 0
 
 
+#: (setting, its shuffled twin): the option-order flip rate is the share of items whose answer differs
+FLIP_PAIRS = (("plain", "plain-shuffled"), ("perm4", "perm4-shuffled"))
+
+
+def tables(out: Path) -> str:
+    """RESULTS.md's tables from the finished runs under ``out``: one per dataset, then the flip rates."""
+    from slotread.eval.report import compare, format_table, read_metrics
+
+    sections = []
+    for key, data in DATASETS.items():
+        runs = []
+        for system in ["baseline", *MODELS]:
+            for setting in ["tfidf", "knn24", *SETTINGS]:
+                folder = out / system / key / setting
+                if (folder / "metrics.json").is_file():
+                    runs.append(read_metrics(folder) | {"system": f"{system} {setting}"})
+        if runs:
+            sections.append(f"### {data.dataset} {data.split}\n\n{format_table(runs)}")
+    flips = [
+        "| model | dataset | setting | items | flip rate | accuracy | accuracy shuffled |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for system in MODELS:
+        for key in DATASETS:
+            for setting, twin in FLIP_PAIRS:
+                a, b = out / system / key / setting, out / system / key / twin
+                if (a / "metrics.json").is_file() and (b / "metrics.json").is_file():
+                    c = compare(a, b)
+                    cells = [system, key, setting, c.items, f"{c.flip_rate:.3f}", f"{c.accuracy_a:.3f}"]
+                    flips.append("| " + " | ".join(map(str, [*cells, f"{c.accuracy_b:.3f}"])) + " |")
+    sections.append("### Option-order flip rate\n\n" + "\n".join(flips))
+    return "\n\n".join(sections)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder of all runs")
@@ -178,7 +217,11 @@ def main() -> int:
         "--only", nargs="*", default=[], help="model keys (or baseline), dataset keys or setting names to run"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--table", action="store_true", help="print the Markdown tables of the finished runs")
     args = parser.parse_args()
+    if args.table:
+        print(tables(args.out))
+        return 0
     only = set(args.only)
     systems = {*MODELS, "baseline"}
     models = [key for key in systems if not only & systems or key in only]

@@ -4,9 +4,11 @@ The data is an evaluation ``Dataset`` (``slotread.eval.datasets``: a built-in sp
 with its question), and each item is asked exactly the request ``slotread eval`` sends for it, so the
 artifact's schema is the one the evaluation asks. Every item is read through the Decider with
 ``x_calibration: contextual``, so the content-free distributions are read on the way (once). The raw
-reads (label logits in option order) give the temperature (``quality.calibration.fit_temperature``)
-and, under each of none, contextual and temperature calibration, the items' conformal scores
-1 − p(gold). The result is one artifact for (model, schema).
+reads (label logits in option order) give the temperature (``quality.calibration.fit_temperature``),
+the top-label bins of the contextual answers (``fit_top_label_bins``: ``x_calibration: binned``)
+and, under each of none, contextual, temperature and binned calibration, the items' conformal scores
+1 − p(gold). The result is one artifact for (model, schema); ``fitted_on.ece`` records the in-sample
+ECE of the contextual answers before and after binning.
 
 Data that overlaps the evaluation split named by ``exclude`` is refused before anything is read: a
 calibration fitted on the items it is judged on would look better than it is.
@@ -24,10 +26,18 @@ from slotread.api.systemone import parse_request, to_decision
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, normalised
+from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import QUESTION_ID, build_request
 from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import CONFORMAL_METHODS, Calibration, schema_hash
-from slotread.quality.calibration import calibrate_reads, fit_temperature, mean_nll, temperature_scale
+from slotread.quality.calibration import (
+    apply_top_label_bins,
+    calibrate_reads,
+    fit_temperature,
+    fit_top_label_bins,
+    mean_nll,
+    temperature_scale,
+)
 from slotread.quality.conformal import nonconformity
 
 
@@ -107,13 +117,13 @@ def calibrate(
     schema = schema_hash(question, decision.instructions)
     temperature = fit_temperature(stacked, gold)
     content_free = decider.calibrations.content_free(schema)
-    conformal: dict[str, np.ndarray] = {
-        method: nonconformity(
-            np.stack([calibrate_reads(z, shifts, method, temperature, content_free).mean(axis=0) for z in stacked]),
-            gold,
-        )
-        for method in CONFORMAL_METHODS
+    answers = {
+        method: np.stack([calibrate_reads(z, shifts, method, temperature, content_free).mean(axis=0) for z in stacked])
+        for method in ("none", "contextual", "temperature")
     }
+    bins = fit_top_label_bins(answers["contextual"], gold)
+    answers["binned"] = apply_top_label_bins(answers["contextual"], bins)
+    conformal: dict[str, np.ndarray] = {method: nonconformity(answers[method], gold) for method in CONFORMAL_METHODS}
     ids = [item.id for item in data.items]
     fitted_on = {
         "data": _name(data),
@@ -124,6 +134,7 @@ def calibrate(
         "excluded": _name(exclude) if exclude else None,
         "excluded_items": len(exclude.items) if exclude else 0,
         "request": {"x_permutations": decision.permutations, "x_samples": decision.samples, "x_seed": decision.seed},
+        "ece": {method: expected_calibration_error(answers[method], gold) for method in ("contextual", "binned")},
     }
     calibration = Calibration(
         model=decider.name,
@@ -133,6 +144,7 @@ def calibrate(
         temperature=temperature,
         content_free=content_free,
         content_free_states=CONTENT_FREE_STATES,
+        bins=bins,
         conformal=conformal,
         fitted_on=fitted_on,
     )

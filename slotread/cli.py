@@ -71,11 +71,13 @@ def _calibrate(args: argparse.Namespace) -> int:
     fit = calibrate(decider, data, request_fields=fields, exclude=exclude)
     fit.calibration.save(args.out)
     numbers = fit.summary()
+    ece = fit.calibration.fitted_on["ece"]
     print(
         f"{decider.name}, schema {fit.calibration.schema[:16]}, {len(data.items)} items: "
         f"temperature {fit.calibration.temperature:.4f} (NLL {numbers['nll_raw']:.4f} -> {numbers['nll_fitted']:.4f}, "
         f"raw accuracy {numbers['accuracy']:.1%}); content-free shifts {sorted(fit.calibration.content_free)}; "
-        f"wrote {args.out}"
+        f"in-sample ECE {ece['contextual']:.3f} contextual -> {ece['binned']:.3f} binned "
+        f"({len(fit.calibration.bins.values) if fit.calibration.bins else 0} bins); wrote {args.out}"
     )
     return 0
 

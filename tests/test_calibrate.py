@@ -13,9 +13,10 @@ from slotread.core.aggregate import softmax
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task, normalised
+from slotread.eval.metrics import expected_calibration_error
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import Calibration
-from slotread.quality.calibration import T_MAX, T_MIN, mean_nll
+from slotread.quality.calibration import T_MAX, T_MIN, apply_top_label_bins, mean_nll
 
 QUESTION: dict[str, Any] = {
     "type": "choice",
@@ -58,13 +59,20 @@ def test_a_fit_holds_the_temperature_content_free_reads_and_conformal_scores(smo
     assert fit.summary()["accuracy"] == pytest.approx(float((mean.argmax(axis=1) == fit.gold).mean()))
     # conformal scores 1 − p(gold) of the answer each method gives
     items = np.arange(3)
-    assert sorted(artifact.conformal) == ["contextual", "none", "temperature"]
+    assert sorted(artifact.conformal) == ["binned", "contextual", "none", "temperature"]
     assert artifact.conformal["none"] == pytest.approx(1 - mean[items, fit.gold])
     scaled = softmax(fit.logits / temperature).mean(axis=1)
     assert artifact.conformal["temperature"] == pytest.approx(1 - scaled[items, fit.gold])
     divided = softmax(fit.logits) / np.stack([artifact.content_free[0], artifact.content_free[1]])
     contextual = (divided / divided.sum(axis=2, keepdims=True)).mean(axis=1)
     assert artifact.conformal["contextual"] == pytest.approx(1 - contextual[items, fit.gold])
+    # 3 items make one bin: every top becomes (right + 1)/(3 + 2)
+    right = int((contextual.argmax(axis=1) == fit.gold).sum())
+    assert artifact.bins is not None and artifact.bins.values.tolist() == pytest.approx([(right + 1) / 5])
+    binned = apply_top_label_bins(contextual, artifact.bins)
+    assert artifact.conformal["binned"] == pytest.approx(1 - binned[items, fit.gold])
+    assert artifact.fitted_on["ece"]["contextual"] == pytest.approx(expected_calibration_error(contextual, fit.gold))
+    assert artifact.fitted_on["ece"]["binned"] == pytest.approx(expected_calibration_error(binned, fit.gold))
 
 
 def test_overlapping_data_is_refused_before_reading(smollm2: LoadedModel) -> None:
@@ -98,6 +106,7 @@ def test_the_command_writes_the_artifact_and_refuses_overlap_with_exit_2(
     captured = capsys.readouterr()
     assert "also appear in" in captured.err and not (tmp_path / "cal.json").exists()
     assert main(command) == 0
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote" in printed and "in-sample ECE" in printed and "binned (1 bins)" in printed
     artifact = Calibration.load(tmp_path / "cal.json")
     assert artifact.fitted_on["items"] == 2 and artifact.permutations == 2 and artifact.temperature is not None

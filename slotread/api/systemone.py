@@ -229,7 +229,8 @@ def to_decision(
         problems.append(_problem(["x_coverage"], f"x_coverage must be between 0 and 1 (exclusive), got {coverage}"))
     if coverage is not None and request.x_calibration == "batch":
         msg = (
-            "x_coverage needs x_calibration 'none', 'contextual' or 'temperature': batch calibration moves with traffic"
+            "x_coverage needs x_calibration 'none', 'contextual', 'temperature' or 'binned': batch calibration moves "
+            "with traffic"
         )
         problems.append(_problem(["x_coverage"], msg))
     problems += _example_problems(request)
@@ -296,7 +297,7 @@ def _example_problems(request: SystemOneRequest) -> list[ErrorDetail]:
     if request.x_joint or (request.x_joint is None and request.joint):
         msg = f"{field} reads each question alone (its examples and options are its own); drop joint"
         problems.append(_problem([field], msg))
-    if request.x_calibration in ("temperature", "batch"):
+    if request.x_calibration in ("temperature", "batch", "binned"):
         msg = (
             f"x_calibration {request.x_calibration!r} is fitted on or gathered from reads without examples or "
             f"shortlists; with {field} use 'none' or 'contextual' (its content-free reads show the same "

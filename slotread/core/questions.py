@@ -15,8 +15,9 @@ from slotread.prompt.render import SolvedExample
 Kind = Literal["noul", "choice", "score"]
 Samples = int | Literal["auto"]
 #: How answers are calibrated (``slotread.quality``): not at all, against content-free reads, with a
-#: fitted temperature, or against the running mean of earlier answers.
-CalibrationMethod = Literal["none", "contextual", "temperature", "batch"]
+#: fitted temperature, against the running mean of earlier answers, or contextually and then by
+#: fitted top-label bins.
+CalibrationMethod = Literal["none", "contextual", "temperature", "batch", "binned"]
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def load_run(out: Path) -> tuple[dict[str, Any], Predictions]:
     """A run folder's run.json and predictions."""
     try:
         info = json.loads((out / RUN_INFO).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise EvalError(f"{out} is not a run folder (no {RUN_INFO})") from None
     return info, read_predictions(out / PREDICTIONS)
 
@@ -58,8 +58,8 @@ def read_metrics(out: Path) -> dict[str, Any]:
     """A finished run's metrics.json."""
     try:
         metrics: dict[str, Any] = json.loads((out / METRICS).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EvalError(f"{out} has no {METRICS} (is the run finished?)") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise EvalError(f"{out} has no {METRICS} (is it a finished run folder?)") from None
     return metrics
 
 

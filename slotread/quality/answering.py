@@ -1,7 +1,8 @@
 """Answer a decision with the calibration and prediction sets it asks for.
 
-Before reading: refuse (422) what the store cannot serve (a temperature never fitted for a question,
-conformal scores missing or fitted under other read options). For ``contextual``, read the
+Before reading: refuse (422) what the store cannot serve (a temperature or bins never fitted for a
+question, conformal scores missing or fitted under other read options). For ``contextual`` and
+``binned`` (contextual, then the fitted top-label bins on the answer), read the
 content-free prompts the store lacks: each question without the state (``CONTENT_FREE_STATES`` in
 its place), without earlier answers, under the same assignments, as isolated branches; p_cf per
 shift is the mean of their softmaxes. Then ``core.decide`` reads the decision and hands each raw
@@ -22,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from slotread.core.aggregate import aggregate_reads, softmax
+from slotread.core.aggregate import aggregate_reads, normalised_entropy, softmax
 from slotread.core.answers import Answer
 from slotread.core.decide import DecisionResult, decide, question_shifts
 from slotread.core.questions import Decision, Question
@@ -30,7 +31,7 @@ from slotread.engines.base import Engine
 from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.prompt.render import Renderer
 from slotread.quality.artifact import Calibration, schema_hash
-from slotread.quality.calibration import calibrate_reads, divide_prior
+from slotread.quality.calibration import apply_top_label_bins, calibrate_reads, divide_prior
 from slotread.quality.conformal import conformal_threshold, prediction_set
 from slotread.quality.examples import ExampleBanks, expand_answer, retrieve
 from slotread.quality.readout import ReadoutStore
@@ -73,7 +74,7 @@ def decide_calibrated(
         questions = {q.id: replace(q, depends_on=(), ask_if=()) for q in decision.questions}
         per_request, read_in, read_out = _content_free_reads(questions, decision, engine, renderer, max_tokens)
         spent = (read_in, read_out)
-    elif decision.calibration == "contextual":
+    elif decision.calibration in ("contextual", "binned"):
         spent = _read_content_free(decision, engine, renderer, store, schemas, max_tokens)
     if decision.calibration == "none" and decision.coverage is None and not shortlists:
         result = decide(decision, engine, renderer, max_tokens)
@@ -130,8 +131,10 @@ def calibrate_answer(
     fitted: Calibration | None,
     content_free: Mapping[int, np.ndarray],
 ) -> Answer:
-    """The answer with each read calibrated by ``decision.calibration``, then averaged again, and for a
-    choice or score its prediction set at ``decision.coverage`` when one is asked for.
+    """The answer with each read calibrated by ``decision.calibration``, then averaged again (for
+    ``binned``: contextually, then the mean's top probability binned; the reads' stderr and agreement
+    stay those of the contextual reads), and for a choice or score its prediction set at
+    ``decision.coverage`` when one is asked for.
 
     ``fitted`` and ``content_free`` are the schema's artifact and content-free distributions; ``store``
     keeps the batch priors.
@@ -144,8 +147,13 @@ def calibrate_answer(
         per_read = divide_prior(logits, priors)
     else:
         temperature = fitted.temperature if fitted else None
-        per_read = calibrate_reads(logits, shifts, method, temperature, content_free)
+        per_read_method = "contextual" if method == "binned" else method
+        per_read = calibrate_reads(logits, shifts, per_read_method, temperature, content_free)
     summary = aggregate_reads(per_read)
+    if method == "binned":
+        assert fitted is not None and fitted.bins is not None  # _check refused the decision otherwise
+        binned = apply_top_label_bins(summary.probabilities, fitted.bins)
+        summary = replace(summary, probabilities=binned, entropy=normalised_entropy(binned))
     found = None
     if decision.coverage is not None and answer.question.kind != "noul":
         assert fitted is not None  # _check refused the decision otherwise
@@ -163,6 +171,12 @@ def _check(decision: Decision, store: CalibrationStore, schemas: dict[str, str])
             msg = (
                 f"no temperature is fitted for question {question.id!r} on {store.model} (schema {schema[:16]}); "
                 "fit one with `slotread calibrate` and serve it with --calibration, or ask for 'contextual' or 'batch'"
+            )
+            problems.append({"loc": ["body", "x_calibration"], "msg": msg, "type": "value_error"})
+        if decision.calibration == "binned" and (fitted is None or fitted.bins is None):
+            msg = (
+                f"no top-label bins are fitted for question {question.id!r} on {store.model} (schema {schema[:16]}); "
+                "fit them with `slotread calibrate` and serve them with --calibration, or ask for 'contextual'"
             )
             problems.append({"loc": ["body", "x_calibration"], "msg": msg, "type": "value_error"})
         unset = _conformal_problem(question, decision, fitted, store.model, schema)

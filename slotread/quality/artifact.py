@@ -7,7 +7,8 @@
       "question": {"type": "choice", "options": ["activate_my_card", ...]},
       "methods": {
         "temperature": {"temperature": 1.83},
-        "contextual": {"states": ["N/A", "", "[empty]"], "content_free": {"<shift>": [p_cf in option order]}}
+        "contextual": {"states": ["N/A", "", "[empty]"], "content_free": {"<shift>": [p_cf in option order]}},
+        "binned": {"edges": [upper edges, ascending], "values": [bin values, non-decreasing], "counts": [items per bin]}
       },
       "conformal": {"<method>": [1 − p(gold) per calibration item]},
       "fitted_on": {"request": {"x_permutations": 1, ...}, "items": 154, "ids": [...], "ids_sha256": "...", ...}
@@ -15,7 +16,7 @@
 
 Every part but ``model``, ``schema`` and ``question`` is optional: the server writes artifacts that
 hold only content-free distributions; ``slotread calibrate`` writes all of it. ``fitted_on.request``
-holds the read options the temperature and conformal scores were fitted under.
+holds the read options the temperature, bins and conformal scores were fitted under.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ import numpy as np
 
 from slotread.core.questions import CalibrationMethod, Question
 from slotread.errors import CalibrationError
+from slotread.quality.calibration import TopLabelBins
 
 FORMAT = "slotread-calibration/1"
 #: Methods whose conformal scores an artifact may hold: batch calibration changes with traffic.
-CONFORMAL_METHODS: tuple[CalibrationMethod, ...] = ("none", "contextual", "temperature")
+CONFORMAL_METHODS: tuple[CalibrationMethod, ...] = ("none", "contextual", "temperature", "binned")
 
 
 def schema_hash(question: Question, instructions: str | None) -> str:
@@ -66,6 +68,8 @@ class Calibration:
     #: shift → mean label distribution of the content-free reads under that assignment
     content_free: Mapping[int, np.ndarray] = field(default_factory=dict)
     content_free_states: tuple[str, ...] = ()
+    #: top-label bins fitted on the contextual answers (``x_calibration: binned``)
+    bins: TopLabelBins | None = None
     #: method → nonconformity scores of the calibration items under that method
     conformal: Mapping[str, np.ndarray] = field(default_factory=dict)
     fitted_on: Mapping[str, Any] = field(default_factory=dict)
@@ -84,6 +88,12 @@ class Calibration:
             methods["contextual"] = {
                 "states": list(self.content_free_states),
                 "content_free": {str(s): p.tolist() for s, p in sorted(self.content_free.items())},
+            }
+        if self.bins is not None:
+            methods["binned"] = {
+                "edges": self.bins.edges.tolist(),
+                "values": self.bins.values.tolist(),
+                "counts": self.bins.counts.tolist(),
             }
         return {
             "format": FORMAT,
@@ -127,6 +137,15 @@ def _distribution(values: Any, n: int, what: str) -> np.ndarray:
     return p
 
 
+def _bins(data: Any) -> TopLabelBins:
+    edges, values, counts = (np.asarray(data[key], dtype=np.float64) for key in ("edges", "values", "counts"))
+    if not (values.ndim == 1 and edges.shape == (len(values) - 1,) and counts.shape == values.shape):
+        raise ValueError("methods.binned needs B values and counts and B − 1 edges")
+    if np.any(np.diff(edges) <= 0) or np.any(np.diff(values) < 0) or not np.all((values > 0) & (values < 1)):
+        raise ValueError("methods.binned needs ascending edges and non-decreasing values in (0, 1)")
+    return TopLabelBins(edges, values, counts)
+
+
 def _parse(data: Any) -> Calibration:
     if data.get("format") != FORMAT:
         raise ValueError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
@@ -142,6 +161,8 @@ def _parse(data: Any) -> Calibration:
         int(shift): _distribution(p, n, f"content_free[{shift}]")
         for shift, p in contextual.get("content_free", {}).items()
     }
+    binned = methods.get("binned")
+    bins = None if binned is None else _bins(binned)
     conformal = {}
     for method, scores in data.get("conformal", {}).items():
         values = np.asarray(scores, dtype=np.float64)
@@ -156,6 +177,7 @@ def _parse(data: Any) -> Calibration:
         temperature=None if temperature is None else float(temperature),
         content_free=content_free,
         content_free_states=tuple(contextual.get("states", ())),
+        bins=bins,
         conformal=conformal,
         fitted_on=dict(data.get("fitted_on", {})),
     )

@@ -278,6 +278,7 @@ def test_coverage_is_a_share_and_needs_a_fixed_calibration() -> None:
     body: dict[str, Any] = {"state": "s", "questions": {"q": CHOICE}}
     assert decision(body).coverage is None
     assert decision({**body, "x_coverage": 0.9, "x_calibration": "temperature"}).coverage == 0.9
+    assert decision({**body, "x_coverage": 0.9, "x_calibration": "binned"}).calibration == "binned"
     (problem,) = problems({**body, "x_coverage": 0.9, "x_calibration": "batch"})
     assert problem["loc"] == ["body", "x_coverage"] and "batch calibration" in problem["msg"]
 
@@ -323,6 +324,7 @@ def test_examples_and_shortlists_are_read_options_within_range() -> None:
         ({"x_joint": True}, "x_examples", "drop joint"),
         ({"x_calibration": "temperature"}, "x_calibration", "'none' or 'contextual'"),
         ({"x_calibration": "batch"}, "x_calibration", "'none' or 'contextual'"),
+        ({"x_calibration": "binned"}, "x_calibration", "'none' or 'contextual'"),
         ({"x_coverage": 0.9}, "x_coverage", "conformal scores"),
     ],
 )

@@ -84,6 +84,10 @@ def test_eval_compare_and_table(data_dir: Path, tmp_path: Path, capsys: pytest.C
     assert "paired items: 6" in out and "only A right: 0, only B right: 0" in out and "McNemar p = 1" in out
     assert main(["eval", "table", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert capsys.readouterr().out.count("| tfidf-logreg | banking77 | test | 6 |") == 2
+    (tmp_path / "note.json").write_text("{}")
+    for stray in (tmp_path / "note.json", tmp_path / "missing"):  # a file or no folder: exit 1, no traceback
+        assert main(["eval", "table", str(stray)]) == 1
+        assert "has no metrics.json" in capsys.readouterr().err
 
 
 def test_eval_shuffle_options_and_the_flip_rate(

@@ -15,6 +15,7 @@ from slotread.errors import InvalidRequest
 from slotread.models.load import LoadedModel
 from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import Calibration, schema_hash
+from slotread.quality.calibration import TopLabelBins
 from tests.core.test_decide import RecordingEngine
 
 QUESTIONS: dict[str, Any] = {
@@ -91,6 +92,29 @@ def test_temperature_needs_a_fitted_artifact(smollm2: LoadedModel, tmp_path: Pat
         # softmax(z / T) = softmax(log p / T): p^(1/T), renormalised
         expected = raw(scaled[qid]) ** (1 / temperature)
         assert scaled[qid].probabilities == pytest.approx(expected / expected.sum(), abs=1e-12)
+
+
+def test_binned_sets_the_contextual_top_to_its_bin_value(smollm2: LoadedModel, tmp_path: Path) -> None:
+    body = {"state": STATE, "questions": QUESTIONS, "x_calibration": "binned"}
+    with pytest.raises(InvalidRequest) as caught:
+        Decider(smollm2).decide(body)
+    assert [d["loc"] for d in caught.value.detail] == [["body", "x_calibration"]] * 2
+    assert "no top-label bins are fitted for question 'intent'" in caught.value.detail[0]["msg"]
+    one_bin = TopLabelBins(np.array([]), np.array([0.9]), np.array([50.0]))
+    for qid in QUESTIONS:
+        options = tuple(QUESTIONS[qid].get("criteria", {"yes": 0, "no": 0}))
+        fitted = Calibration(smollm2.name, schema(Decider(smollm2), qid, body), QUESTIONS[qid]["type"], options)
+        replace(fitted, bins=one_bin).save(tmp_path / f"{qid}.json")
+    decider = Decider(smollm2, calibration_dir=tmp_path)
+    contextual = decider.answer({**body, "x_calibration": "contextual"}).answers
+    binned = decider.answer(body).answers
+    for qid in QUESTIONS:
+        # the top becomes 0.9, the others share 0.1 in the contextual answer's proportions
+        p = contextual[qid].probabilities
+        top = int(p.argmax())
+        expected = p * 0.1 / (1 - p[top])
+        expected[top] = 0.9
+        assert binned[qid].top == top and binned[qid].probabilities == pytest.approx(expected, abs=1e-12)
 
 
 def test_batch_calibration_starts_neutral_and_learns_from_traffic(smollm2: LoadedModel) -> None:

@@ -10,6 +10,7 @@ import pytest
 from slotread.core.questions import Option, Question
 from slotread.errors import CalibrationError
 from slotread.quality.artifact import Calibration, schema_hash
+from slotread.quality.calibration import TopLabelBins
 
 QUESTION = Question("intent", "choice", "What do they want?", (Option("refund", "money back"), Option("other")))
 
@@ -34,6 +35,7 @@ def artifact() -> Calibration:
         temperature=1.5,
         content_free={0: np.array([0.7, 0.3]), 1: np.array([0.4, 0.6])},
         content_free_states=("N/A", ""),
+        bins=TopLabelBins(np.array([0.6]), np.array([0.55, 0.8]), np.array([40.0, 41.0])),
         conformal={"none": np.array([0.1, 0.5, 0.9]), "temperature": np.array([0.2, 0.4, 0.8])},
         fitted_on={"items": 3, "request": {"x_permutations": 2}},
     )
@@ -47,6 +49,12 @@ def test_an_artifact_round_trips_through_its_file(tmp_path: Path) -> None:
     assert loaded.content_free[1].tolist() == [0.4, 0.6] and loaded.permutations == 2
     assert loaded.conformal["temperature"].tolist() == [0.2, 0.4, 0.8]
     assert json.loads(path.read_text())["methods"]["temperature"] == {"temperature": 1.5}
+    assert loaded.bins is not None and loaded.bins.values.tolist() == [0.55, 0.8]
+    assert json.loads(path.read_text())["methods"]["binned"] == {
+        "edges": [0.6],
+        "values": [0.55, 0.8],
+        "counts": [40, 41],
+    }
     assert list(tmp_path.iterdir()) == [path]  # the temporary file was renamed into place
 
 
@@ -59,6 +67,8 @@ def test_an_artifact_round_trips_through_its_file(tmp_path: Path) -> None:
         ({"question": {"type": "choice"}}, "options"),
         ({"conformal": {"none": [0.5, 1.5]}}, "conformal"),
         ({"conformal": {"batch": [0.5]}}, "conformal"),
+        ({"methods": {"binned": {"edges": [0.6], "values": [0.5], "counts": [3]}}}, "binned"),
+        ({"methods": {"binned": {"edges": [0.6], "values": [0.8, 0.5], "counts": [3, 3]}}}, "binned"),
     ],
 )
 def test_a_broken_artifact_is_refused_naming_its_file(tmp_path: Path, change: dict, problem: str) -> None:
@@ -70,3 +80,11 @@ def test_a_broken_artifact_is_refused_naming_its_file(tmp_path: Path, change: di
     path.write_text("{not json")
     with pytest.raises(CalibrationError, match=r"broken\.json"):
         Calibration.load(path)
+
+
+def test_an_artifact_without_bins_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    old = artifact().to_json()
+    del old["methods"]["binned"]
+    path.write_text(json.dumps(old))
+    assert Calibration.load(path).bins is None

@@ -8,10 +8,14 @@ import pytest
 from slotread.quality.calibration import (
     T_MAX,
     T_MIN,
+    TopLabelBins,
+    apply_top_label_bins,
     calibrate_reads,
     divide_prior,
     fit_temperature,
+    fit_top_label_bins,
     mean_nll,
+    pool_adjacent_violators,
     temperature_scale,
 )
 
@@ -68,3 +72,64 @@ def test_contextual_reads_are_divided_by_their_own_assignment_s_prior() -> None:
     assert calibrate_reads(logits, [0, 1], "temperature", temperature=3.0) == pytest.approx(np.full((2, 2), 0.5))
     with pytest.raises(ValueError, match="temperature"):
         calibrate_reads(logits, [0, 1], "temperature")
+
+
+def _two_options(confidences: list[float]) -> np.ndarray:
+    return np.array([[c, 1 - c] for c in confidences])
+
+
+def test_top_label_bins_by_hand() -> None:
+    # 6 answers, at least 3 a bin: 2 bins split at the 3rd smallest confidence, 0.65.
+    # Bin 0 {0.55, 0.6, 0.65}: 1 right, (1 + 1)/(3 + 2) = 0.4; bin 1 {0.8, 0.85, 0.9}: 3 right, 4/5 = 0.8.
+    answers = _two_options([0.8, 0.55, 0.9, 0.6, 0.85, 0.65])
+    fitted = fit_top_label_bins(answers, np.array([0, 0, 0, 1, 0, 1]), bins=10, min_per_bin=3)
+    assert fitted.edges == pytest.approx([0.65])
+    assert fitted.values == pytest.approx([0.4, 0.8])
+    assert fitted.counts == pytest.approx([3, 3])
+
+
+def test_top_label_bins_are_made_monotone() -> None:
+    # Bin 0 is 2 of 3 right (3/5 = 0.6), bin 1 none of 3 (1/5 = 0.2): pooled (0.6·3 + 0.2·3)/6 = 0.4.
+    answers = _two_options([0.55, 0.6, 0.65, 0.8, 0.85, 0.9])
+    fitted = fit_top_label_bins(answers, np.array([0, 0, 1, 1, 1, 1]), bins=10, min_per_bin=3)
+    assert fitted.values == pytest.approx([0.4, 0.4])
+
+
+def test_few_answers_get_one_bin_and_ties_merge_edges() -> None:
+    # 5 answers, 3 a bin: one bin, 2 of 5 right, 3/7.
+    one = fit_top_label_bins(_two_options([0.6] * 5), np.array([0, 0, 1, 1, 1]), min_per_bin=3)
+    assert one.edges.size == 0 and one.values == pytest.approx([3 / 7])
+    # 6 equal confidences: the edge would equal the largest confidence, so it is dropped.
+    tied = fit_top_label_bins(_two_options([0.7] * 6), np.zeros(6, dtype=int), min_per_bin=3)
+    assert tied.edges.size == 0 and tied.counts == pytest.approx([6])
+
+
+def test_pool_adjacent_violators_by_hand() -> None:
+    assert pool_adjacent_violators(np.array([1.0, 3, 2, 4]), np.ones(4)) == pytest.approx([1, 2.5, 2.5, 4])
+    # weights 1 and 3 on the violating pair: (3·1 + 2·3)/4 = 2.25
+    assert pool_adjacent_violators(np.array([1.0, 3, 2, 4]), np.array([1.0, 1, 3, 1])) == pytest.approx(
+        [1, 2.25, 2.25, 4]
+    )
+
+
+BINS = TopLabelBins(edges=np.array([0.5]), values=np.array([0.3, 0.6]), counts=np.array([10.0, 10.0]))
+
+
+def test_binning_sets_the_top_and_rescales_the_rest() -> None:
+    # c = 0.7 in bin 1: top 0.6, the others × (1 − 0.6)/(1 − 0.7) = 4/3.
+    assert apply_top_label_bins(np.array([0.2, 0.7, 0.1]), BINS) == pytest.approx([0.8 / 3, 0.6, 0.4 / 3])
+    # c = 0.55 in bin 1 raised to 0.6: the others × 0.4/0.45.
+    assert apply_top_label_bins(np.array([0.3, 0.55, 0.15]), BINS) == pytest.approx(
+        [0.3 * 0.4 / 0.45, 0.6, 0.15 * 0.4 / 0.45]
+    )
+
+
+def test_binning_never_moves_the_argmax() -> None:
+    # c = 0.45 in bin 0 (value 0.3), runner-up 0.4 listed first: the top stops where the runner-up ties it,
+    # 0.4/(1 − 0.45 + 0.4) = 8/19, and stays the argmax.
+    binned = apply_top_label_bins(np.array([0.4, 0.45, 0.15]), BINS)
+    assert binned == pytest.approx([8 / 19, 8 / 19, 3 / 19])
+    assert binned.argmax() == 1 and binned.sum() == pytest.approx(1)
+    # A certain answer has nothing to rescale and is left as it is; rows are binned one by one.
+    rows = apply_top_label_bins(np.array([[1.0, 0.0], [0.3, 0.7]]), BINS)
+    assert rows == pytest.approx(np.array([[1.0, 0.0], [0.4, 0.6]]))
