@@ -387,6 +387,20 @@ def _eval_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_exclusion_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags ``calibrate`` and ``fit`` share: the evaluation data their fitting data must not hold."""
+    parser.add_argument(
+        "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
+    )
+    parser.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
+    parser.add_argument(
+        "--drop-overlap",
+        action="store_true",
+        help="leave out the items --exclude holds instead of refusing the data "
+        "(BANKING77's train split repeats 7 test messages)",
+    )
+
+
 def _add_item_arguments(parser: argparse.ArgumentParser, verb: str, request_field_help: str) -> None:
     """The flags ``eval`` and ``calibrate`` share: where the items come from and how each is asked."""
     parser.add_argument(
@@ -512,15 +526,7 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     fit.add_argument(
         "--questions", "--question", dest="question", type=Path, help="question file (a System One question object)"
     )
-    fit.add_argument(
-        "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
-    )
-    fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
-    fit.add_argument(
-        "--drop-overlap",
-        action="store_true",
-        help="drop the items --exclude holds instead of refusing (BANKING77 train repeats 7 test messages)",
-    )
+    _add_exclusion_arguments(fit)
     _add_item_arguments(fit, "fit on", "a read option of every request, e.g. x_samples=4 (as slotread eval takes it)")
     fit.add_argument(
         "--per-class", type=int, default=64, help="items kept per class, drawn with --sample-seed (0: all; default 64)"
@@ -678,15 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--split", help="split of a built-in dataset to fit on (e.g. train; default: its eval split)")
     fit.add_argument("--question", type=Path, help="question file (a System One question object) for a labelled file")
-    fit.add_argument(
-        "--exclude", help="the evaluation data (dataset name or labelled file): refuse to fit on items it holds"
-    )
-    fit.add_argument("--exclude-split", help="split of --exclude (default: its eval split)")
-    fit.add_argument(
-        "--drop-overlap",
-        action="store_true",
-        help="leave out the items --exclude holds (before --limit samples) instead of refusing the data",
-    )
+    _add_exclusion_arguments(fit)
     _add_item_arguments(
         fit, "fit on", "a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)"
     )
