@@ -66,7 +66,7 @@ def refuse_overlap(data: Dataset, exclude: Dataset) -> None:
     overlap = [item for item in data.items if normalised(item.state) in held_out]
     if overlap:
         msg = (
-            f"{len(overlap)} of {len(data.items)} items of {_name(data)} also appear in {_name(exclude)} "
+            f"{len(overlap)} of {len(data.items)} items of {data.title} also appear in {exclude.title} "
             f"(texts compared with whitespace collapsed and case folded), e.g. {overlap[0].state!r}; "
             "fit on data that the evaluation does not use"
         )
@@ -78,10 +78,6 @@ def drop_overlap(data: Dataset, exclude: Dataset) -> tuple[Dataset, int]:
     held_out = {normalised(item.state) for item in exclude.items}
     kept = tuple(item for item in data.items if normalised(item.state) not in held_out)
     return replace(data, items=kept), len(data.items) - len(kept)
-
-
-def _name(dataset: Dataset) -> str:
-    return dataset.name + (f" {dataset.split}" if dataset.split else "")
 
 
 def calibrate(
@@ -99,7 +95,7 @@ def calibrate(
     if exclude is not None:
         refuse_overlap(data, exclude)
     if not data.items:
-        raise InvalidRequest.at(["data"], f"{_name(data)} has no items")
+        raise InvalidRequest.at(["data"], f"{data.title} has no items")
     fields = {key: value for key, value in (request_fields or {}).items() if key != "x_coverage"}
     fields["x_calibration"] = "contextual"
     requests = [build_request(data.task, item, fields) for item in data.items]
@@ -126,12 +122,12 @@ def calibrate(
     conformal: dict[str, np.ndarray] = {method: nonconformity(answers[method], gold) for method in CONFORMAL_METHODS}
     ids = [item.id for item in data.items]
     fitted_on = {
-        "data": _name(data),
+        "data": data.title,
         "sample": list(data.sample) if data.sample else None,
         "items": len(ids),
         "ids": ids,
         "ids_sha256": hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest(),
-        "excluded": _name(exclude) if exclude else None,
+        "excluded": exclude.title if exclude else None,
         "excluded_items": len(exclude.items) if exclude else 0,
         "request": {"x_permutations": decision.permutations, "x_samples": decision.samples, "x_seed": decision.seed},
         "ece": {method: expected_calibration_error(answers[method], gold) for method in ("contextual", "binned")},

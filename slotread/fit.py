@@ -56,11 +56,6 @@ class ReadoutFit:
     metrics: dict[str, float]
 
 
-def dataset_name(dataset: Dataset) -> str:
-    """A dataset as the artifact names it: its name, then its split if any."""
-    return dataset.name + (f" {dataset.split}" if dataset.split else "")
-
-
 def per_class_sample(data: Dataset, per_class: int | None, seed: int) -> Dataset:
     """At most ``per_class`` items of each class, drawn with ``random.Random(seed)``, kept in file order."""
     if per_class is None:
@@ -149,7 +144,7 @@ def fit_readout(
             data, dropped = overlap_dropped(data, exclude)
         refuse_overlap(data, exclude)
     if not data.items:
-        raise InvalidRequest.at(["data"], f"{dataset_name(data)} has no items")
+        raise InvalidRequest.at(["data"], f"{data.title} has no items")
     data = per_class_sample(data, per_class, seed)
     fields = {**(request_fields or {}), "x_readout": True}
     requests = [build_request(data.task, item, fields) for item in data.items]
@@ -211,13 +206,13 @@ def fit_readout(
         temperature=temperature,
         l2=strength,
         fitted_on={
-            "data": dataset_name(data),
+            "data": data.title,
             "items": len(ids),
             "per_class": per_class,
             "holdout": holdout,
             "seed": seed,
             "ids_sha256": hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest(),
-            "excluded": dataset_name(exclude) if exclude else None,
+            "excluded": exclude.title if exclude else None,
             "dropped_overlap": dropped,
             "l2_tried": list(l2),
             "request": {"x_samples": decision.samples, "x_seed": decision.seed},

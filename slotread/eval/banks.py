@@ -24,11 +24,6 @@ from slotread.quality.examples import ExampleBank
 logger = logging.getLogger(__name__)
 
 
-def dataset_name(dataset: Dataset) -> str:
-    """A dataset and split as one name: ``banking77 train``."""
-    return dataset.name + (f" {dataset.split}" if dataset.split else "")
-
-
 def bank_from_dataset(train: Dataset, evaluated: Dataset) -> ExampleBank:
     """The train items as solved examples of the dataset's question (every item answers it), without
     those whose text is also an ``evaluated`` item's: real splits repeat a few texts (BANKING77's
@@ -37,21 +32,21 @@ def bank_from_dataset(train: Dataset, evaluated: Dataset) -> ExampleBank:
     names = option_names(train.task)
     held = {normalised(item.state) for item in evaluated.items}
     kept = [item for item in train.items if normalised(item.state) not in held]
-    source = dataset_name(train)
+    source = train.title
     if len(kept) < len(train.items):
         dropped = len(train.items) - len(kept)
-        logger.warning("%s: %d texts that %s also holds left out of the bank", source, dropped, dataset_name(evaluated))
-        source += f" without the {dropped} texts {dataset_name(evaluated)} also holds"
+        logger.warning("%s: %d texts that %s also holds left out of the bank", source, dropped, evaluated.title)
+        source += f" without the {dropped} texts {evaluated.title} also holds"
     pairs = [(item.state, names[item.gold]) for item in kept]
     return ExampleBank.from_pairs(bank_question(train.task.question, source), None, pairs, source)
 
 
 def check_bank(bank: ExampleBank, dataset: Dataset) -> None:
     """Raise EvalError unless ``bank`` serves the dataset's question and shares no text with its items."""
-    schema = schema_hash(bank_question(dataset.task.question, dataset_name(dataset)), None)
+    schema = schema_hash(bank_question(dataset.task.question, dataset.title), None)
     if bank.schema != schema:
         raise EvalError(
-            f"the bank {bank.source} serves another question than {dataset_name(dataset)} asks "
+            f"the bank {bank.source} serves another question than {dataset.title} asks "
             f"(schema {bank.schema[:16]}, not {schema[:16]}): its header must hold the same question object"
         )
     refuse_overlap(bank, dataset)
@@ -63,7 +58,7 @@ def refuse_overlap(bank: ExampleBank, dataset: Dataset) -> None:
     overlap = [item for item in dataset.items if normalised(item.state) in held]
     if overlap:
         raise EvalError(
-            f"{len(overlap)} of {len(dataset.items)} evaluated items of {dataset_name(dataset)} are also examples "
+            f"{len(overlap)} of {len(dataset.items)} evaluated items of {dataset.title} are also examples "
             f"of the bank {bank.source} (texts compared with whitespace collapsed and case folded), e.g. "
             f"{overlap[0].state!r}; use a bank that the evaluation does not use"
         )

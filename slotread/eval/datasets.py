@@ -106,6 +106,11 @@ class Dataset:
     items: tuple[Item, ...]
     sample: tuple[int, int] | None = None
 
+    @property
+    def title(self) -> str:
+        """The name and split as one name: ``banking77 train``."""
+        return self.name + (f" {self.split}" if self.split else "")
+
 
 def readable(category: str) -> str:
     """A category name as words: ``card_payment_fee_charged`` -> ``card payment fee charged``."""
