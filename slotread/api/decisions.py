@@ -29,10 +29,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from slotread.api.systemone import ReadOptions
 from slotread.core.answers import choice_confidence
-from slotread.core.questions import CalibrationMethod
 from slotread.errors import InvalidRequest
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS
 
@@ -111,20 +111,12 @@ class ScoreQuestion(_Question):
 DecisionQuestion = Annotated[PredicateQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
-class DecisionsRequest(_Wire):
+class DecisionsRequest(_Wire, ReadOptions):
     """An OpenAI Decisions request body; slotread's ``x_`` read options pass through."""
 
     model: str | None = None
     input: str | list[UserMessage] = Field(min_length=1)
     questions: list[DecisionQuestion] = Field(min_length=1)
-    x_seed: StrictInt | None = None
-    x_samples: StrictInt | Literal["auto"] | None = None
-    x_permutations: StrictInt | None = None
-    x_calibration: CalibrationMethod | None = None
-    x_coverage: StrictFloat | None = None
-    x_readout: StrictBool | None = None
-    x_examples: StrictInt | None = None
-    x_shortlist: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -172,16 +164,7 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
-    for option in (
-        "x_seed",
-        "x_samples",
-        "x_permutations",
-        "x_calibration",
-        "x_coverage",
-        "x_examples",
-        "x_shortlist",
-        "x_readout",
-    ):
+    for option in ReadOptions.model_fields:
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)
     return body

@@ -82,7 +82,20 @@ class ScoreQuestion(_WireQuestion):
 WireQuestion = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
-class SystemOneRequest(BaseModel):
+class ReadOptions(BaseModel):
+    """slotread's ``x_`` read options, taken alike by the System One and the OpenAI Decisions routes."""
+
+    x_seed: StrictInt | None = None
+    x_samples: StrictInt | Literal["auto"] | None = None
+    x_permutations: StrictInt | None = None
+    x_calibration: CalibrationMethod | None = None
+    x_coverage: StrictFloat | None = None
+    x_readout: StrictBool | None = None
+    x_examples: StrictInt | None = None
+    x_shortlist: StrictInt | None = None
+
+
+class SystemOneRequest(ReadOptions):
     """A System One request body. Unknown top-level fields are ignored."""
 
     model_config = ConfigDict(extra="ignore")
@@ -99,14 +112,6 @@ class SystemOneRequest(BaseModel):
     cache_salt: str | None = None
     priority: StrictInt = 0
     x_joint: StrictBool | None = None
-    x_seed: StrictInt | None = None
-    x_samples: StrictInt | Literal["auto"] | None = None
-    x_permutations: StrictInt | None = None
-    x_calibration: CalibrationMethod | None = None
-    x_coverage: StrictFloat | None = None
-    x_readout: StrictBool | None = None
-    x_examples: StrictInt | None = None
-    x_shortlist: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
