@@ -111,6 +111,7 @@ def _fit(args: argparse.Namespace) -> int:
         request_fields={"x_seed": args.seed, **dict(args.request_field)},
         exclude=exclude,
         drop_overlap=args.drop_overlap,
+        vote=args.vote,
         batch_size=args.batch_size,
         progress=not args.no_progress,
     )
@@ -121,7 +122,9 @@ def _fit(args: argparse.Namespace) -> int:
         f"({int(m['held_out_items'])} held out, {readout.fitted_on['dropped_overlap']} overlapping dropped), "
         f"{readout.layout}, features {readout.features}, L2 {readout.l2:g}, "
         f"temperature {readout.temperature:.3f}\n"
-        f"held out: accuracy {m['accuracy']:.1%} (plain read {m['plain_accuracy']:.1%}), "
+        f"held out: accuracy {m['accuracy']:.1%} (plain read {m['plain_accuracy']:.1%}"
+        + (f", head alone {m['head_accuracy']:.1%}, vote alone {m['vote_accuracy']:.1%}" if args.vote else "")
+        + "), "
         f"ECE {m['ece']:.3f} (plain read {m['plain_ece']:.3f}), NLL {m['nll']:.3f}\n"
         f"reading {m['read_seconds']:.1f} s, training {m['train_seconds']:.1f} s; wrote {path}"
     )
@@ -300,6 +303,7 @@ def _read_example_bank(path: Path) -> ExampleBank:
 def _eval(args: argparse.Namespace) -> int:
     from slotread.eval.datasets import Dataset, fitting_split, load_dataset, subset
     from slotread.eval.report import format_table
+    from slotread.quality.readout import votes_in
 
     if args.dataset is None or args.out is None:
         print("slotread eval: --dataset and --out are required", file=sys.stderr)
@@ -314,12 +318,16 @@ def _eval(args: argparse.Namespace) -> int:
         split = fitting_split(args.dataset) if args.train is None else None
         return load_dataset(args.train or args.dataset, split, data_dir=args.data_dir, question=args.question)
 
-    uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn")
+    voting = args.readout is not None and args.baseline is None and votes_in(args.readout)
+    uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn" or voting)
     if args.baseline == "tfidf" and (args.examples or args.shortlist or args.example_bank):
         print("slotread eval: the TF-IDF baseline shows no examples; drop --examples/--shortlist", file=sys.stderr)
         return 1
     if args.example_bank is not None and not uses_bank:
-        print("slotread eval: --example-bank serves --examples, --shortlist or --baseline knn", file=sys.stderr)
+        print(
+            "slotread eval: --example-bank serves --examples, --shortlist, --baseline knn or a --readout with a vote",
+            file=sys.stderr,
+        )
         return 1
     bank = None
     if uses_bank:
@@ -455,7 +463,8 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument(
         "--readout",
         type=Path,
-        help="directory of learned readouts (slotread fit --out) to answer with; sets x_readout=true",
+        help="directory of learned readouts (slotread fit --out) to answer with; sets x_readout=true. A readout "
+        "fitted with --vote reads the vote of the train split's bank (or --example-bank)",
     )
     evaluate.add_argument(
         "--shuffle-options",
@@ -551,6 +560,15 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         nargs="+",
         default=[1e-3, 1e-2, 1e-1],
         help="L2 strengths to try; the one with the lowest held-out NLL is kept (default 1e-3 1e-2 1e-1)",
+    )
+    fit.add_argument(
+        "--vote",
+        type=int,
+        default=0,
+        metavar="K",
+        help="add the label vote of the K nearest example-bank examples to the head (weight fitted with the "
+        "temperature); the readout then answers only where its bank is served (serve --example-bank; eval "
+        "builds it from the train split). Default 0: no vote",
     )
     fit.add_argument("--batch-size", type=int, default=16, help="items per engine call while reading (default 16)")
     fit.add_argument("--out", type=Path, required=True, help="directory to write the readout into")

@@ -11,10 +11,13 @@ The data is an evaluation ``Dataset`` (a built-in split or a labelled file with 
 3. split the items, stratified by class and seeded, into a training part and ``holdout`` share;
 4. fit the logistic head (``quality.logistic``) on the training reads for each L2 strength given
    and keep the one with the lowest held-out NLL, then fit its temperature on the held-out items
-   (``quality.calibration.fit_temperature``);
+   (``quality.calibration.fit_temperature``); with ``vote``, the temperature and the vote's weight
+   together (``quality.readout.fit_vote_fusion``), each held-out item's vote taken from a bank of all
+   the data (before per-class sampling) without the item's own text;
 5. report held-out accuracy, NLL and ECE of the readout beside the plain read (the label softmax)
-   on the same items. The temperature is fitted on those items too (one parameter; it does not
-   move the accuracy), so their ECE is slightly optimistic: judge a readout with ``slotread eval``.
+   on the same items (with a vote, also the head alone and the vote alone). The temperature (and
+   weight) is fitted on those items too (one or two parameters), so their numbers are slightly
+   optimistic: judge a readout with ``slotread eval``.
 """
 
 from __future__ import annotations
@@ -32,17 +35,19 @@ from tqdm import tqdm
 from slotread.api.systemone import parse_request, to_decision
 from slotread.calibrate import drop_overlap as overlap_dropped
 from slotread.calibrate import refuse_overlap
+from slotread.core.aggregate import softmax
 from slotread.core.decide import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset
 from slotread.eval.metrics import expected_calibration_error
-from slotread.eval.runner import build_request
+from slotread.eval.runner import build_request, option_names
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.artifact import schema_hash
-from slotread.quality.calibration import fit_temperature, mean_nll, temperature_scale
+from slotread.quality.calibration import fit_temperature, mean_nll
+from slotread.quality.examples import ExampleBank
 from slotread.quality.logistic import LogisticHead, fit_logistic
-from slotread.quality.readout import Features, Readout, read_features
+from slotread.quality.readout import Features, Readout, fit_vote_fusion, read_features
 
 #: L2 strengths tried by default (on standardised features, per item of the mean loss).
 L2_GRID = (1e-3, 1e-2, 1e-1)
@@ -123,6 +128,7 @@ def fit_readout(
     request_fields: dict[str, Any] | None = None,
     exclude: Dataset | None = None,
     drop_overlap: bool = False,
+    vote: int = 0,
     batch_size: int = 16,
     progress: bool = True,
 ) -> ReadoutFit:
@@ -130,7 +136,8 @@ def fit_readout(
     options such as ``x_seed`` or ``x_samples`` (the draws a noisy model reads per item). ``layout``
     renders the reads (default: the model family's, as plain reads; see ``quality.readout``).
     ``drop_overlap`` drops the items that ``exclude`` holds instead of refusing the data (BANKING77's
-    train split repeats 7 of its test messages).
+    train split repeats 7 of its test messages). ``vote`` > 0 fits a readout that adds the label vote
+    of that many nearest example-bank examples (``quality.readout``); it is served with a bank.
 
     Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, or read
     options x_readout refuses; ValueError for a holdout share outside (0, 1)
@@ -145,6 +152,7 @@ def fit_readout(
         refuse_overlap(data, exclude)
     if not data.items:
         raise InvalidRequest.at(["data"], f"{data.title} has no items")
+    everything = data
     data = per_class_sample(data, per_class, seed)
     fields = {**(request_fields or {}), "x_readout": True}
     requests = [build_request(data.task, item, fields) for item in data.items]
@@ -178,21 +186,38 @@ def fit_readout(
 
     fitted = [(fit_logistic(x_train, y_train, classes, strength), strength) for strength in l2]
     head, strength = min(fitted, key=lambda pair: mean_nll(held_scores(pair[0]), gold[held]))
-    temperature = fit_temperature(held_scores(head), gold[held])
+    scores = held_scores(head)
+    if vote:
+        bank = ExampleBank.from_pairs(
+            question,
+            decision.instructions,
+            [(item.state, option_names(data.task)[item.gold]) for item in everything.items],
+            everything.title,
+        )
+        votes = np.stack([bank.vote(data.items[i].state, vote, leave_out=True) for i in held])  # (held, n)
+        temperature, weight = fit_vote_fusion(scores, votes, gold[held])
+        offset = weight * np.log(votes)[:, None, :]
+    else:
+        temperature, weight, offset = fit_temperature(scores, gold[held]), 0.0, np.zeros(1)
     train_seconds = time.perf_counter() - started
 
-    readout_p = temperature_scale(held_scores(head), temperature).mean(axis=1)  # (held, n)
-    plain_p = temperature_scale(logits[held], 1.0).mean(axis=1)
+    def accuracy(p: np.ndarray) -> float:
+        return float((p.argmax(axis=-1) == gold[held]).mean())
+
+    readout_p = softmax(scores / temperature + offset).mean(axis=1)  # (held, n)
+    plain_p = softmax(logits[held]).mean(axis=1)
     metrics = {
         "held_out_items": float(len(held)),
-        "accuracy": float((readout_p.argmax(axis=1) == gold[held]).mean()),
-        "nll": mean_nll(held_scores(head), gold[held], temperature),
+        "accuracy": accuracy(readout_p),
+        "nll": mean_nll(scores / temperature + offset, gold[held]),
         "ece": expected_calibration_error(readout_p, gold[held]),
-        "plain_accuracy": float((plain_p.argmax(axis=1) == gold[held]).mean()),
+        "plain_accuracy": accuracy(plain_p),
         "plain_ece": expected_calibration_error(plain_p, gold[held]),
         "read_seconds": read_seconds,
         "train_seconds": train_seconds,
     }
+    if vote:
+        metrics |= {"head_accuracy": accuracy(scores.mean(axis=1)), "vote_accuracy": accuracy(votes)}
     ids = [item.id for item in data.items]
     readout = Readout(
         model=decider.name,
@@ -205,6 +230,8 @@ def fit_readout(
         head=head,
         temperature=temperature,
         l2=strength,
+        vote_neighbours=vote,
+        vote_weight=weight,
         fitted_on={
             "data": data.title,
             "items": len(ids),

@@ -16,6 +16,7 @@ from slotread.eval.datasets import Dataset, Item, Task
 from slotread.fit import fit_readout, holdout_split, per_class_sample
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import schema_hash
+from slotread.quality.examples import ExampleBank
 from slotread.quality.readout import Readout
 
 QUESTION: dict[str, Any] = {
@@ -156,3 +157,35 @@ def test_readouts_fit_and_answer_on_the_diffusion_and_masked_families(
     assert hidden.shape == (draws, fit.readout.hidden_size)
     expected = fit.readout.probabilities(logits, hidden).mean(axis=0)  # the mean over the draws
     assert answer.probabilities == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_readout_with_a_vote_answers_with_its_bank_and_eval_builds_the_bank(
+    smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fit = fit_readout(Decider(smollm2), DATA, per_class=None, holdout=0.25, l2=[0.1], vote=3, progress=False)
+    readout = fit.readout
+    assert readout.vote_neighbours == 3 and 0 <= readout.vote_weight <= 5
+    assert {"head_accuracy", "vote_accuracy"} <= fit.metrics.keys()
+    readout.save(tmp_path / "readouts")
+
+    question = to_decision(parse_request(body("x"))).questions[0]
+    bank = ExampleBank.from_pairs(question, None, [(text, TASK.classes[gold]) for text, gold in TEXTS], "bank")
+    with pytest.raises(InvalidRequest, match="--example-bank"):
+        Decider(smollm2, readout_dir=tmp_path / "readouts").decide(body("Refund please", x_readout=True))
+    decider = Decider(smollm2, readout_dir=tmp_path / "readouts", example_banks=[bank])
+    answer = decider.answer(body("Refund please", x_readout=True)).answers["answer"]
+    assert answer is not None and answer.reads[0].hidden is not None
+    (read,) = answer.reads
+    expected = readout.probabilities(read.logits[None], read.hidden[None], bank.vote("Refund please", 3))[0]
+    assert answer.probabilities == pytest.approx(expected, abs=1e-12)
+
+    # slotread eval builds the vote's bank from the train file, without the evaluated texts
+    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
+    rows = [{"text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "test.csv").write_text("text,label\nI lost my card,card\nRefund please,refund\n")
+    command = ["--cache-dir", str(cache_dir), "eval", "--model", smollm2.name, "--question", str(tmp_path / "q.json")]
+    command += ["--dataset", str(tmp_path / "test.csv"), "--train", str(tmp_path / "train.jsonl"), "--no-progress"]
+    assert main([*command, "--readout", str(tmp_path / "readouts"), "--out", str(tmp_path / "run")]) == 0
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert "without the 1 texts" in run["example_bank"]["source"] and run["example_bank"]["examples"] == 11

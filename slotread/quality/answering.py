@@ -65,7 +65,7 @@ def decide_calibrated(
     decision, shortlists = retrieve(decision, banks or ExampleBanks())
     schemas = {q.id: schema_hash(q, decision.instructions) for q in decision.questions}
     if decision.readout:
-        return _decide_readout(decision, engine, renderer, readouts, schemas, max_tokens)
+        return _decide_readout(decision, engine, renderer, readouts, banks or ExampleBanks(), schemas, max_tokens)
     _check(decision, store, schemas)
     spent = (0, 0)
     retrieved = bool(decision.examples or decision.shortlist)
@@ -99,16 +99,18 @@ def _decide_readout(
     engine: Engine,
     renderer: Renderer,
     readouts: ReadoutStore | None,
+    banks: ExampleBanks,
     schemas: dict[str, str],
     max_tokens: int | None,
 ) -> DecisionResult:
-    """``core.decide`` with each answer taken from its schema's readout (refused before reading if one is missing)."""
+    """``core.decide`` with each answer taken from its schema's readout, given its bank's vote where the
+    readout adds one (refused before reading if a readout or such a bank is missing)."""
     if readouts is None:
         msg = "no readouts are loaded here; fit one with `slotread fit` and load it with --readout DIR"
         raise InvalidRequest.at(["body", "x_readout"], msg)
     problems: list[ErrorDetail] = []
     for question in decision.questions:
-        problem = readouts.problem(question.id, schemas[question.id])
+        problem = readouts.problem(question.id, schemas[question.id], banks.get(schemas[question.id]) is not None)
         if problem:
             problems.append({"loc": ["body", "x_readout"], "msg": problem, "type": "value_error"})
     if problems:
@@ -116,9 +118,13 @@ def _decide_readout(
     found = {schema: readouts.get(schema) for schema in schemas.values()}
 
     def adjust(answer: Answer) -> Answer:
-        readout = found[schemas[answer.question.id]]
+        schema = schemas[answer.question.id]
+        readout, bank = found[schema], banks.get(schema)
         assert readout is not None  # refused above otherwise
-        return readout.answer(answer)
+        if not readout.vote_neighbours:
+            return readout.answer(answer)
+        assert bank is not None  # refused above otherwise
+        return readout.answer(answer, bank.vote(decision.state, readout.vote_neighbours))
 
     return decide(decision, engine, renderer, max_tokens, adjust)
 

@@ -25,7 +25,7 @@ is left as it is).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,21 +67,28 @@ def mean_nll(logits: np.ndarray, gold: np.ndarray, temperature: float = 1.0) -> 
     return float(-np.log(np.maximum(p_gold, np.finfo(np.float64).tiny)).mean())
 
 
-def fit_temperature(logits: np.ndarray, gold: np.ndarray) -> float:
-    """The T in [T_MIN, T_MAX] minimising ``mean_nll`` on labelled reads, by golden-section search on log T.
+def fit_temperature(logits: np.ndarray, gold: np.ndarray, offset: np.ndarray | float = 0.0) -> float:
+    """The T in [T_MIN, T_MAX] minimising ``mean_nll`` of z / T + ``offset`` on labelled reads, by
+    golden-section search on log T (``offset``, e.g. a learned readout's vote term, is not scaled).
 
     With one read per item the NLL is convex in 1/T, so the search finds the global optimum; with
     several reads per item (a mean of softmaxes) it finds a local one.
     """
     gold = np.asarray(gold)
+    logits = np.asarray(logits, dtype=np.float64)
 
     def cost(log_t: float) -> float:
-        return mean_nll(logits, gold, math.exp(log_t))
+        return mean_nll(logits / math.exp(log_t) + offset, gold)
 
-    a, b = math.log(T_MIN), math.log(T_MAX)
+    return math.exp(golden_section(cost, math.log(T_MIN), math.log(T_MAX), _LOG_T_TOLERANCE))
+
+
+def golden_section(cost: Callable[[float], float], low: float, high: float, tolerance: float) -> float:
+    """The x in [low, high] minimising ``cost`` (unimodal there), to within ``tolerance``."""
+    a, b = low, high
     c, d = b - _INVERSE_PHI * (b - a), a + _INVERSE_PHI * (b - a)
     fc, fd = cost(c), cost(d)
-    while b - a > _LOG_T_TOLERANCE:
+    while b - a > tolerance:
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - _INVERSE_PHI * (b - a)
@@ -90,7 +97,7 @@ def fit_temperature(logits: np.ndarray, gold: np.ndarray) -> float:
             a, c, fc = c, d, fd
             d = a + _INVERSE_PHI * (b - a)
             fd = cost(d)
-    return math.exp((a + b) / 2)
+    return (a + b) / 2
 
 
 def calibrate_reads(

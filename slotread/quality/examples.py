@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -115,6 +116,7 @@ class ExampleBank:
         self.source = source
         self.schema = schema_hash(question, instructions)
         self.labels = np.array([names.index(e.answer) for e in examples], dtype=np.int64)
+        self._repeats = Counter(e.state for e in examples)
         self._index = BM25([e.state for e in examples])
         self._residuals: dict[tuple[int, int], float] = {}
         self._lock = threading.Lock()
@@ -133,9 +135,16 @@ class ExampleBank:
         """The k examples nearest ``state`` (indices, nearest first)."""
         return self._index.top(state, k, exclude)
 
-    def vote(self, state: str, k: int) -> np.ndarray:
-        """The smoothed label vote of the k nearest examples over the question's options."""
-        return vote_distribution(self.labels[self.ranking(state, k)], len(self.question.options))
+    def vote(self, state: str, k: int, leave_out: bool = False) -> np.ndarray:
+        """The smoothed label vote of the k nearest examples over the question's options.
+
+        ``leave_out``: skip the examples whose state is ``state`` (a bank example asked about itself,
+        and its repeats), as a vote at answer time never sees the state asked about.
+        """
+        ranked = self.ranking(state, k + (self._repeats[state] if leave_out else 0))
+        if leave_out:
+            ranked = [i for i in ranked if self.examples[i].state != state][:k]
+        return vote_distribution(self.labels[ranked], len(self.question.options))
 
     def shortlist_options(self, state: str, size: int, neighbours: int, exclude: int | None = None) -> tuple[int, ...]:
         """The options the nearest examples point to (see the module docstring), in option order."""

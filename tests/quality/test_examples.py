@@ -74,6 +74,16 @@ def test_a_bank_ranks_votes_and_shortlists() -> None:
     assert len(examples.shortlist_options("card card", 3, 1)) == 2
 
 
+def test_a_left_out_vote_skips_the_examples_asked_about() -> None:
+    repeated = ExampleBank(TOPICS, None, [*EXAMPLES, SolvedExample("my pin is blocked", "pin")], "repeats")
+    # asked about itself, the pin example (held twice) is its own nearest neighbour, twice
+    assert repeated.vote("my pin is blocked", 2).argmax() == 2
+    alone = repeated.vote("my pin is blocked", 2, leave_out=True)
+    # left out: the next two are the "my ... card" examples, none a pin
+    assert alone == pytest.approx(vote_distribution(repeated.labels[[1, 0]], 5))
+    assert alone[2] == pytest.approx(1 / 5 / (2 + 2 * VOTE_TIE_BREAK * 0.75 + 1))
+
+
 def test_the_residual_is_the_leave_one_out_miss_rate() -> None:
     examples = bank()
     # leave-one-out shortlists of one option from the single nearest other example

@@ -13,7 +13,7 @@ from slotread.core.questions import Decision, Option, Question
 from slotread.errors import CalibrationError, InvalidRequest
 from slotread.quality.artifact import schema_hash
 from slotread.quality.logistic import LogisticHead
-from slotread.quality.readout import Readout, ReadoutStore, read_features
+from slotread.quality.readout import Readout, ReadoutStore, fit_vote_fusion, read_features, votes_in
 
 QUESTION = Question("q", "choice", "Which?", (Option("a"), Option("b")))
 SCHEMA = schema_hash(QUESTION, None)
@@ -83,12 +83,44 @@ def test_the_artifact_round_trips_and_the_store_keys_it_by_model_and_schema(tmp_
     identity_readout(model="other").save(tmp_path)  # another model's: skipped
 
     store = ReadoutStore("m", tmp_path)
-    assert store.get(SCHEMA) is not None and store.problem("q", SCHEMA) is None
+    assert store.get(SCHEMA) is not None and store.problem("q", SCHEMA, banked=False) is None
     assert store.layout_for(Decision("s", (QUESTION,), readout=True)) == "state_first"
-    missing = store.problem("q", "f" * 64)
+    missing = store.problem("q", "f" * 64, banked=True)
     assert missing is not None and "no readout is loaded for question 'q' on m" in missing and "slotread fit" in missing
-    remote = ReadoutStore("m", tmp_path, hidden_states=False).problem("q", SCHEMA)
+    remote = ReadoutStore("m", tmp_path, hidden_states=False).problem("q", SCHEMA, banked=False)
     assert remote is not None and "--features logits" in remote
+    assert not votes_in(tmp_path)
+
+
+def test_a_readout_with_a_vote_adds_its_weighted_log_and_needs_a_bank(tmp_path: Path) -> None:
+    readout = identity_readout(temperature=1.0, vote_neighbours=24, vote_weight=2.0)
+    # scores log p = [ln .25, ln .75], plus 2 · log v with v = [.75, .25]: ∝ [.25 · .5625, .75 · .0625]
+    logits = np.array([[0.0, math.log(3.0)]])
+    expected = np.array([0.25 * 0.5625, 0.75 * 0.0625])
+    assert readout.probabilities(logits, None, np.array([0.75, 0.25]))[0] == pytest.approx(expected / expected.sum())
+    with pytest.raises(ValueError, match="the vote of 24 bank examples"):
+        readout.probabilities(logits, None)
+    path = readout.save(tmp_path)
+    assert json.loads(path.read_text())["vote"] == {"neighbours": 24, "weight": 2.0}
+    loaded = Readout.load(path)
+    assert (loaded.vote_neighbours, loaded.vote_weight) == (24, 2.0) and votes_in(tmp_path)
+    store = ReadoutStore("m", tmp_path)
+    assert store.problem("q", SCHEMA, banked=True) is None
+    unbanked = store.problem("q", SCHEMA, banked=False)
+    assert unbanked is not None and "24 nearest example-bank examples" in unbanked and "--example-bank" in unbanked
+
+
+def test_the_fitted_vote_weight_follows_how_much_the_vote_knows() -> None:
+    rng = np.random.default_rng(0)
+    gold = rng.integers(0, 4, 400)
+    scores = rng.normal(size=(400, 1, 4))  # a head that knows nothing
+    knowing = np.full((400, 4), 0.1)
+    knowing[np.arange(400), gold] = 0.7  # a vote right every time, at 0.7
+    temperature, weight = fit_vote_fusion(scores, knowing, gold)
+    assert weight > 2 and temperature > 5  # the vote carries the answer, the head is flattened
+    blind = rng.dirichlet(np.ones(4), 400)  # a vote that knows nothing
+    scores[np.arange(400), 0, gold] += 3.0  # a head that does
+    assert fit_vote_fusion(scores, blind, gold)[1] < 0.2
 
 
 def test_broken_or_duplicate_artifacts_are_refused(tmp_path: Path) -> None:
