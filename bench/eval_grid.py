@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -232,6 +233,11 @@ def plan(out: Path, models: list[str], datasets: list[str], settings: list[str],
     return sorted(jobs, key=lambda job: job.rank or ())
 
 
+def shown(job: Job) -> str:
+    """The job as a shell line to paste (JSON request fields keep their quotes)."""
+    return shlex.join(["slotread", *job.command[3:]])
+
+
 def done(job: Job) -> bool:
     """Finished earlier: an eval run with metrics, a fitted readout, or a calibration artifact that
     holds the top-label bins (one written before ``binned`` existed is fitted again)."""
@@ -272,7 +278,7 @@ def execute(jobs: list[Job], out: Path, parallel: int) -> int:
                 if len(running) >= parallel:
                     break
                 pending.remove(job)
-                line = " ".join(["slotread", *job.command[3:]])
+                line = shown(job)
                 commands.write(line + "\n")
                 commands.flush()
                 print(f"[{time.monotonic() - start:6.0f}s] start {job.name}: {line}", flush=True)
@@ -371,7 +377,7 @@ def main() -> int:
     jobs = plan(args.out, models, datasets, settings, args.device)
     if args.dry_run:
         for job in jobs:
-            print(job.name, " ".join(job.command[3:]))
+            print(job.name, shown(job))
         return 0
     return execute(jobs, args.out, args.jobs)
 
