@@ -3,17 +3,28 @@
     python bench/eval_grid.py --out runs --device cuda --jobs 8      # run what is missing (resumes)
     python bench/eval_grid.py --out runs --table                      # print RESULTS.md's tables
 
-Every cell is one plain ``slotread eval`` or ``slotread calibrate`` command, printed as it starts
-(and kept in ``<out>/commands.txt``), so any row can be reproduced alone. Calibration is fitted on
-data disjoint from the evaluated split (``--exclude``): BANKING77, CLINC150 and SST-5 on seeded
-samples of their train splits, BoolQ on ``dev_rest``. ``--only`` picks models, datasets or settings
-by name.
+Every cell is one plain ``slotread eval``, ``slotread calibrate`` or ``slotread fit`` command, printed
+as it starts (and kept in ``<out>/commands.txt``), so any row can be reproduced alone. Whatever is
+fitted is fitted on data disjoint from the evaluated split (``--exclude``): BANKING77, CLINC150 and
+SST-5 on their train splits, BoolQ on ``dev_rest``. ``--only`` picks models, datasets or settings by
+name. Jobs start in priority order (``rank``), so the rows that matter most are written first when
+the GPU time may run out.
+
+Settings (issue 5, request fields): ``plain``; ``contextual``; ``temperature`` and ``binned``
+(fitted by ``slotread calibrate`` under one permutation); ``perm4``, ``perm8``, ``perm4-contextual``,
+``perm4-temperature`` (x_permutations; never for scores); a ``-shuffled`` twin shows a choice's
+options in a seeded random order (the flip rate). Issue 6, eval flags that learn from the train
+split (not BoolQ): ``ex8``/``ex24`` show 8/24 retrieved train examples, ``sl10`` reads 10 shortlisted
+options (choices only), ``ex8-sl10`` both; ``readout40``/``readout-all`` answer with a readout
+fitted by ``slotread fit`` on 40 items per class / all of them. ``clinc-full`` (CLINC150 test, 1,000
+of its 5,500 items out of scope) runs only the readouts and the baselines (``tfidf``, ``knn24``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -21,6 +32,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MODELS = {"q15": "qwen2.5-coder-1.5b-instruct", "q05": "qwen2.5-coder-0.5b-instruct"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    request: dict[str, object] = field(default_factory=dict)  # --request-field of the eval
+    permutations: int | None = None  # the calibration artifact it reads is fitted under this many (None: none)
+    shuffled: bool = False  # options shown in a seeded random order (the flip-rate twin of a setting)
+    flags: tuple[str, ...] = ()  # further eval flags
+    per_class: int | None = None  # answers with a readout fitted on this many items per class (0: all)
+
+    @property
+    def learns(self) -> bool:
+        """Reads the train split at eval time (examples, shortlists) or was fitted on it (a readout)."""
+        return bool(self.flags) or self.per_class is not None
+
+
+PERM4: dict[str, object] = {"x_permutations": 4}
+PERM8: dict[str, object] = {"x_permutations": 8}
+CONTEXTUAL: dict[str, object] = {"x_calibration": "contextual"}
+TEMPERATURE: dict[str, object] = {"x_calibration": "temperature", "x_coverage": 0.9}
+SETTINGS = {
+    "plain": Setting(),
+    "contextual": Setting(CONTEXTUAL),
+    "temperature": Setting(TEMPERATURE, permutations=1),
+    "binned": Setting({"x_calibration": "binned"}, permutations=1),  # the p1 artifact holds the bins too
+    "perm4": Setting(PERM4),
+    "perm4-temperature": Setting(PERM4 | TEMPERATURE, permutations=4),
+    "perm8": Setting(PERM8),
+    "perm4-contextual": Setting(PERM4 | CONTEXTUAL),
+    "plain-shuffled": Setting(shuffled=True),
+    "perm4-shuffled": Setting(PERM4, shuffled=True),
+    "perm8-shuffled": Setting(PERM8, shuffled=True),
+    "perm4-contextual-shuffled": Setting(PERM4 | CONTEXTUAL, shuffled=True),
+    "ex8": Setting(flags=("--examples", "8")),
+    "ex24": Setting(flags=("--examples", "24")),
+    "sl10": Setting(flags=("--shortlist", "10")),
+    "ex8-sl10": Setting(flags=("--examples", "8", "--shortlist", "10")),
+    "readout40": Setting(per_class=40),
+    "readout-all": Setting(per_class=0),
+}
 
 
 @dataclass(frozen=True)
@@ -32,6 +83,12 @@ class Data:
     fit_split: str
     fit_limit: int
     exclude_split: str
+    settings: frozenset[str] | None = None  # the only settings run on it (None: all that apply)
+
+    @property
+    def train(self) -> bool:
+        """Has a train split of the same classes to learn from (BoolQ fits on dev_rest)."""
+        return self.fit_split == "train"
 
 
 DATASETS = {
@@ -40,26 +97,49 @@ DATASETS = {
     "sst5": Data("sst5", "test", 500, "score", "train", 1000, "test"),
     "boolq": Data("boolq", "dev_500", None, "noul", "dev_rest", 1000, "dev_500"),
     "b77-154": Data("banking77", "subset154", None, "choice", "train", 1000, "test"),
-}
-
-#: read settings: request fields, the permutations their calibration is fitted under (None: no
-#: artifact needed), whether the options are shown shuffled (the flip-rate twin of a setting)
-SETTINGS: dict[str, tuple[dict[str, object], int | None, bool]] = {
-    "plain": ({}, None, False),
-    "contextual": ({"x_calibration": "contextual"}, None, False),
-    "temperature": ({"x_calibration": "temperature", "x_coverage": 0.9}, 1, False),
-    "perm4": ({"x_permutations": 4}, None, False),
-    "perm4-temperature": ({"x_permutations": 4, "x_calibration": "temperature", "x_coverage": 0.9}, 4, False),
-    "plain-shuffled": ({}, None, True),
-    "perm4-shuffled": ({"x_permutations": 4}, None, True),
+    # the out-of-scope recall target is judged on all 5,500 items: readouts against the baselines only
+    "clinc-full": Data(
+        "clinc150", "test", None, "choice", "train", 1500, "test", settings=frozenset({"readout40", "readout-all"})
+    ),
 }
 
 
-def applies(setting: str, kind: str) -> bool:
-    """Scores are never permuted; only choices can be shown in another order."""
-    if kind == "score" and "perm" in setting:
+def applies(name: str, data: Data) -> bool:
+    """Scores are never permuted; only choices are shown in another order or shortlisted; examples,
+    shortlists and readouts need a train split."""
+    setting = SETTINGS[name]
+    if data.settings is not None and name not in data.settings:
         return False
-    return kind == "choice" or "shuffled" not in setting
+    if setting.learns and not data.train:
+        return False
+    if data.kind == "score" and "x_permutations" in setting.request:
+        return False
+    return data.kind == "choice" or not (setting.shuffled or "--shortlist" in setting.flags)
+
+
+#: datasets in the order their cells start within a tier (the others follow in DATASETS' order)
+FIRST = ("b77", "clinc-full", "clinc", "sst5")
+
+
+def order(key: str) -> int:
+    return FIRST.index(key) if key in FIRST else len(FIRST) + list(DATASETS).index(key)
+
+
+def rank(model: str, key: str, name: str) -> tuple[int, ...]:
+    """When a model's eval starts (lower first), so that the rows the GPU time must not miss come first:
+    model by model (q15 first), its readouts, binned, examples and shortlists, permutations, the rest."""
+    setting = SETTINGS[name]
+    if setting.per_class is not None and key in FIRST:
+        tier = 1
+    elif name == "binned":
+        tier = 2
+    elif setting.flags:
+        tier = 3
+    elif name.startswith(("perm8", "perm4-contextual")) or (key == "b77" and name.startswith("perm4")):
+        tier = 4
+    else:
+        tier = 5
+    return list(MODELS).index(model), tier, order(key), 1
 
 
 @dataclass
@@ -67,6 +147,7 @@ class Job:
     name: str
     command: list[str]
     needs: list[str] = field(default_factory=list)
+    rank: tuple[int, ...] | None = None  # None: a prerequisite, ranked by the jobs that need it
     process: subprocess.Popen[bytes] | None = None
 
 
@@ -78,20 +159,49 @@ def fields(request: dict[str, object]) -> list[str]:
     return [arg for key, value in request.items() for arg in ("--request-field", f"{key}={json.dumps(value)}")]
 
 
+def prerequisite(out: Path, short: str, on: list[str], data: Data, setting: Setting) -> tuple[Job, list[str]] | None:
+    """The fit a setting's eval reads (shared by the datasets fitted on the same data) and the eval
+    flags that point to it; None when it reads none."""
+    source = ["--dataset", data.dataset, "--split", data.fit_split]
+    exclusion = ["--exclude", data.dataset, "--exclude-split", data.exclude_split, "--drop-overlap"]
+    fetch = [f"{short}/fetch"]
+    if setting.per_class is not None:
+        folder = out / short / f"readout-{data.dataset}-p{setting.per_class}"
+        # --vote 24: the head is fused with the label vote of the knn24 baseline's 24 neighbours
+        command = slotread(
+            "fit", *on, *source, *exclusion, "--layout", "schema_first", "--per-class", str(setting.per_class),
+            "--vote", "24", "--out", str(folder),
+        )  # fmt: skip
+        name = f"{short}/fit/{data.dataset}/readout-p{setting.per_class}"
+        return Job(name, command, fetch), ["--readout", str(folder)]
+    if setting.permutations is not None:
+        folder = out / short / f"calibration-p{setting.permutations}"
+        permuted = fields({"x_permutations": setting.permutations}) if setting.permutations > 1 else []
+        command = slotread(
+            "calibrate", *on, *source, "--limit", str(data.fit_limit), *exclusion, *permuted,
+            "--out", str(folder / f"{data.dataset}.json"),
+        )  # fmt: skip
+        return Job(f"{short}/fit/{data.dataset}/p{setting.permutations}", command, fetch), [
+            "--calibration",
+            str(folder),
+        ]
+    return None
+
+
 def plan(out: Path, models: list[str], datasets: list[str], settings: list[str], device: str) -> list[Job]:
+    """Every job, in the order they should start."""
     jobs = []
     for key in datasets if "baseline" in models else []:
         data = DATASETS[key]
         where = ["--dataset", data.dataset, "--split", data.split] + (
             ["--limit", str(data.limit)] if data.limit else []
         )
-        run = out / "baseline" / key
-        jobs.append(
-            Job(f"baseline/{key}/tfidf", slotread("eval", "--baseline", "tfidf", *where, "--out", str(run / "tfidf")))
-        )
+        run, early = out / "baseline" / key, (-1, 0, order(key), 1)  # cheap and CPU-only: before every model
+        tfidf = slotread("eval", "--baseline", "tfidf", *where, "--out", str(run / "tfidf"))
+        jobs.append(Job(f"baseline/{key}/tfidf", tfidf, rank=early))
         if data.kind == "choice":
             vote = slotread("eval", "--baseline", "knn", "--examples", "24", *where, "--out", str(run / "knn24"))
-            jobs.append(Job(f"baseline/{key}/knn24", vote))
+            jobs.append(Job(f"baseline/{key}/knn24", vote, rank=early))
     for short in [key for key in models if key in MODELS]:
         model = MODELS[short]
         on = ["--model", model, "--device", device]
@@ -101,38 +211,44 @@ def plan(out: Path, models: list[str], datasets: list[str], settings: list[str],
             data = DATASETS[key]
             where = ["--dataset", data.dataset, "--split", data.split]
             where += ["--limit", str(data.limit)] if data.limit else []
-            for setting in settings:
-                if not applies(setting, data.kind):
-                    continue
-                request, permutations, shuffled = SETTINGS[setting]
-                command = ["eval", *on, *where, *fields(request), "--out", str(out / short / key / setting)]
-                command += ["--shuffle-options", "1"] if shuffled else []
+            for name in [name for name in settings if applies(name, data)]:
+                setting = SETTINGS[name]
+                command = ["eval", *on, *where, *fields(setting.request), *setting.flags]
+                command += ["--shuffle-options", "1"] if setting.shuffled else []
                 needs = [f"{short}/fetch"]
-                if permutations is not None:
-                    calibration = out / short / f"calibration-p{permutations}"
-                    fit = f"{short}/fit/{data.dataset}/p{permutations}"
-                    if fit not in fitted:
-                        fitted.add(fit)
-                        fit_fields = fields({"x_permutations": permutations}) if permutations > 1 else []
-                        fit_command = slotread(
-                            "calibrate", *on, "--dataset", data.dataset, "--split", data.fit_split,
-                            "--limit", str(data.fit_limit), "--exclude", data.dataset,
-                            "--exclude-split", data.exclude_split, "--drop-overlap", *fit_fields,
-                            "--out", str(calibration / f"{data.dataset}.json"),
-                        )  # fmt: skip
-                        jobs.append(Job(fit, fit_command, [f"{short}/fetch"]))
-                    command += ["--calibration", str(calibration)]
-                    needs.append(fit)
-                jobs.append(Job(f"{short}/{key}/{setting}", slotread(*command), needs))
-    return jobs
+                if fit := prerequisite(out, short, on, data, setting):
+                    job, flags = fit
+                    if job.name not in fitted:
+                        fitted.add(job.name)
+                        jobs.append(job)
+                    command += flags
+                    needs.append(job.name)
+                command += ["--out", str(out / short / key / name)]
+                jobs.append(Job(f"{short}/{key}/{name}", slotread(*command), needs, rank(short, key, name)))
+    named = {job.name: job for job in jobs}
+    for job in reversed(jobs):  # a job is planned after what it needs: a need starts just before its first user
+        for need in job.needs:
+            before = (*(job.rank or ())[:-1], 0)
+            named[need].rank = min(named[need].rank or before, before)
+    return sorted(jobs, key=lambda job: job.rank or ())
+
+
+def shown(job: Job) -> str:
+    """The job as a shell line to paste (JSON request fields keep their quotes)."""
+    return shlex.join(["slotread", *job.command[3:]])
 
 
 def done(job: Job) -> bool:
-    """Finished earlier: an eval run with metrics, or a written calibration artifact."""
-    target = Path(job.command[job.command.index("--out") + 1]) if "--out" in job.command else None
-    if target is None:
+    """Finished earlier: an eval run with metrics, a fitted readout, or a calibration artifact that
+    holds the top-label bins (one written before ``binned`` existed is fitted again)."""
+    if "--out" not in job.command:
         return False
-    return target.is_file() if target.suffix == ".json" else (target / "metrics.json").is_file()
+    target = Path(job.command[job.command.index("--out") + 1])
+    if job.command[3] == "fit":
+        return any(target.glob("*.readout.json"))
+    if target.suffix == ".json":
+        return target.is_file() and "binned" in json.loads(target.read_text(encoding="utf-8"))["methods"]
+    return (target / "metrics.json").is_file()
 
 
 def execute(jobs: list[Job], out: Path, parallel: int) -> int:
@@ -162,7 +278,7 @@ def execute(jobs: list[Job], out: Path, parallel: int) -> int:
                 if len(running) >= parallel:
                     break
                 pending.remove(job)
-                line = " ".join(["slotread", *job.command[3:]])
+                line = shown(job)
                 commands.write(line + "\n")
                 commands.flush()
                 print(f"[{time.monotonic() - start:6.0f}s] start {job.name}: {line}", flush=True)
@@ -175,12 +291,25 @@ def execute(jobs: list[Job], out: Path, parallel: int) -> int:
 
 
 #: (setting, its shuffled twin): the option-order flip rate is the share of items whose answer differs
-FLIP_PAIRS = (("plain", "plain-shuffled"), ("perm4", "perm4-shuffled"))
+FLIP_PAIRS = (
+    ("plain", "plain-shuffled"),
+    ("perm4", "perm4-shuffled"),
+    ("perm8", "perm8-shuffled"),
+    ("perm4-contextual", "perm4-contextual-shuffled"),
+)
+
+
+def row(*cells: object) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def tables(out: Path) -> str:
-    """RESULTS.md's tables from the finished runs under ``out``: one per dataset, then the flip rates."""
+    """RESULTS.md's tables from the finished runs under ``out``: one per dataset (and one of the runs
+    that learn from the train split against the 24-neighbour vote), then the flip rates."""
     from slotread.eval.report import compare, format_table, read_metrics
+
+    def finished(run: Path) -> bool:
+        return (run / "metrics.json").is_file()
 
     sections = []
     for key, data in DATASETS.items():
@@ -188,22 +317,38 @@ def tables(out: Path) -> str:
         for system in ["baseline", *MODELS]:
             for setting in ["tfidf", "knn24", *SETTINGS]:
                 folder = out / system / key / setting
-                if (folder / "metrics.json").is_file():
+                if finished(folder):
                     runs.append(read_metrics(folder) | {"system": f"{system} {setting}"})
         if runs:
             sections.append(f"### {data.dataset} {data.split}\n\n{format_table(runs)}")
+        vote = out / "baseline" / key / "knn24"
+        paired = [
+            (system, name, compare(out / system / key / name, vote))
+            for system in MODELS
+            for name, setting in SETTINGS.items()
+            if setting.learns and finished(out / system / key / name) and finished(vote)
+        ]
+        if paired:
+            lines = [
+                row("system", "items", "accuracy", "vote accuracy", "only run right", "only vote right", "McNemar p"),
+                "|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            for system, name, c in paired:
+                cells = [f"{c.accuracy_a:.3f}", f"{c.accuracy_b:.3f}", c.a_only, c.b_only, f"{c.p_value:.2g}"]
+                lines.append(row(f"{system} {name}", c.items, *cells))
+            sections.append(f"### {data.dataset} {data.split}: against the 24-neighbour vote\n\n" + "\n".join(lines))
     flips = [
-        "| model | dataset | setting | items | flip rate | accuracy | accuracy shuffled |",
+        row("model", "dataset", "setting", "items", "flip rate", "accuracy", "accuracy shuffled"),
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for system in MODELS:
         for key in DATASETS:
             for setting, twin in FLIP_PAIRS:
                 a, b = out / system / key / setting, out / system / key / twin
-                if (a / "metrics.json").is_file() and (b / "metrics.json").is_file():
+                if finished(a) and finished(b):
                     c = compare(a, b)
-                    cells = [system, key, setting, c.items, f"{c.flip_rate:.3f}", f"{c.accuracy_a:.3f}"]
-                    flips.append("| " + " | ".join(map(str, [*cells, f"{c.accuracy_b:.3f}"])) + " |")
+                    cells = [c.items, f"{c.flip_rate:.3f}", f"{c.accuracy_a:.3f}", f"{c.accuracy_b:.3f}"]
+                    flips.append(row(system, key, setting, *cells))
     sections.append("### Option-order flip rate\n\n" + "\n".join(flips))
     return "\n\n".join(sections)
 
@@ -223,14 +368,16 @@ def main() -> int:
         print(tables(args.out))
         return 0
     only = set(args.only)
-    systems = {*MODELS, "baseline"}
-    models = [key for key in systems if not only & systems or key in only]
+    systems = ["baseline", *MODELS]
+    if unknown := only - {*systems, *DATASETS, *SETTINGS}:  # a typo would otherwise run the whole grid
+        parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    models = [key for key in systems if not only.intersection(systems) or key in only]
     datasets = [key for key in DATASETS if not only & DATASETS.keys() or key in only]
     settings = [key for key in SETTINGS if not only & SETTINGS.keys() or key in only]
     jobs = plan(args.out, models, datasets, settings, args.device)
     if args.dry_run:
         for job in jobs:
-            print(job.name, " ".join(job.command[3:]))
+            print(job.name, shown(job))
         return 0
     return execute(jobs, args.out, args.jobs)
 
