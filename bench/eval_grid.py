@@ -170,7 +170,7 @@ def prerequisite(out: Path, short: str, on: list[str], data: Data, setting: Sett
         # --vote 24: the head is fused with the label vote of the knn24 baseline's 24 neighbours
         command = slotread(
             "fit", *on, *source, *exclusion, "--layout", "schema_first", "--per-class", str(setting.per_class),
-            "--vote", "24", "--out", str(folder),
+            "--vote", "24", "--batch-size", "64", "--out", str(folder),
         )  # fmt: skip
         name = f"{short}/fit/{data.dataset}/readout-p{setting.per_class}"
         return Job(name, command, fetch), ["--readout", str(folder)]
