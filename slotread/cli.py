@@ -613,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FILE",
-        help="example bank serving x_examples and x_shortlist (as slotread serve takes it); repeatable",
+        help="example bank serving x_examples, x_shortlist and readouts fitted with --vote "
+        "(as slotread serve takes it); repeatable",
     )
     decide.set_defaults(run=_decide)
 
@@ -671,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="example bank (JSON Lines: a header with the question, then {state, answer} lines; see README) "
-        "serving x_examples and x_shortlist for its question schema; repeatable",
+        "serving x_examples, x_shortlist and readouts fitted with --vote for its question schema; repeatable",
     )
     serve.add_argument(
         "--upstream",

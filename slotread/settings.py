@@ -65,7 +65,8 @@ class Settings(BaseSettings):
     calibration_dir: Path | None = None
     #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with
     readout_dir: Path | None = None
-    #: example bank files (``slotread.api.bank_file``) serving x_examples and x_shortlist, one per question schema
+    #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
+    #: x_shortlist and readouts fitted with a vote
     example_banks: list[Path] = Field(default_factory=list)
 
     @field_validator("upstreams", mode="before")
