@@ -1,11 +1,12 @@
 """Learned readouts: time of a BANKING77 fit, and what the fitted head adds to a decision's latency.
 
-    python bench/readout.py --model smollm2-135m-instruct --per-class 4 --layout state_first schema_first
+    python bench/readout.py --model smollm2-135m-instruct --per-class 4 --layout state_first schema_first [--vote 24]
 
 For each layout: fits a readout on BANKING77 train (``--per-class`` items per intent, 20% held out,
-test excluded) and prints its reading and training time and held-out numbers; then answers
-``--items`` test messages with and without ``x_readout`` (prefix cache warm) and prints the median
-decision latency of each and the head's own time per answer (``Readout.answer``).
+test excluded; with ``--vote K`` fused with the K-neighbour vote of the train bank) and prints its
+reading and training time and held-out numbers; then answers ``--items`` test messages with and
+without ``x_readout`` (prefix cache warm) and prints the median decision latency of each and the
+head's own time per answer (``Readout.answer``, with the bank's vote when there is one).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from slotread.decider import Decider
+from slotread.eval.banks import bank_from_dataset
 from slotread.eval.datasets import load_dataset, subset
 from slotread.eval.runner import QUESTION_ID, build_request
 from slotread.fit import fit_readout
@@ -36,12 +38,21 @@ def bench_layout(loaded: LoadedModel, layout: Layout, args: argparse.Namespace) 
     test = load_dataset("banking77", "test", data_dir=args.data_dir)
     started = time.perf_counter()
     fit = fit_readout(
-        Decider(loaded), train, layout=layout, per_class=args.per_class, exclude=test, drop_overlap=True, progress=False
+        Decider(loaded),
+        train,
+        layout=layout,
+        per_class=args.per_class,
+        exclude=test,
+        drop_overlap=True,
+        vote=args.vote,
+        progress=False,
     )
     fit_seconds = time.perf_counter() - started
+    bank = bank_from_dataset(train, test)
     with tempfile.TemporaryDirectory() as directory:
         fit.readout.save(Path(directory))
-        served = Decider(loaded, readout_dir=Path(directory))  # the same weights, its own prefix cache
+        # the same weights, its own prefix cache
+        served = Decider(loaded, readout_dir=Path(directory), example_banks=[bank] if args.vote else [])
     items = subset(test, args.items, 0).items
     plain, readout, head = [], [], []
     for item in items:
@@ -56,7 +67,7 @@ def bench_layout(loaded: LoadedModel, layout: Layout, args: argparse.Namespace) 
         answer = served.answer({**request, "x_readout": True}).answers[QUESTION_ID]
         assert answer is not None
         started = time.perf_counter()
-        fit.readout.answer(answer)
+        fit.readout.answer(answer, bank.vote(item.state, args.vote) if args.vote else None)
         head.append(time.perf_counter() - started)
     metrics = fit.metrics
     return {
@@ -80,6 +91,7 @@ def main() -> None:
     parser.add_argument("--per-class", type=int, default=4, help="training items per intent (default 4)")
     parser.add_argument("--items", type=int, default=20, help="test messages timed (default 20)")
     parser.add_argument("--layout", nargs="+", default=["state_first"], help="prompt layouts to fit in")
+    parser.add_argument("--vote", type=int, default=0, help="fuse the K-neighbour vote of the train bank (default 0)")
     parser.add_argument("--data-dir", type=Path, help="folder of the built-in datasets")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype")
@@ -87,11 +99,11 @@ def main() -> None:
     loaded = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     print(
         f"{args.model}, {torch.get_num_threads()} threads, {args.device} {args.dtype}, "
-        f"{args.per_class} per intent, {args.items} timed test items\n"
+        f"{args.per_class} per intent, {args.items} timed test items, vote of {args.vote} neighbours\n"
     )
     print(
         "| layout | items | fit s | read s/item | train s | held-out acc (plain) | ECE "
-        "| decide ms | x_readout decide ms | head ms |"
+        "| decide ms | x_readout decide ms | head (+ vote) ms |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for layout in args.layout:

@@ -90,6 +90,9 @@ def _fit(args: argparse.Namespace) -> int:
     from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, subset
     from slotread.fit import fit_readout
 
+    if not 0 < args.holdout < 1 or args.vote < 0:
+        print("slotread fit: --holdout must be between 0 and 1 and --vote must not be negative", file=sys.stderr)
+        return 1
     split = args.split or (fitting_split(args.dataset) if args.dataset in BUILTIN else None)
     data = load_dataset(args.dataset, split, data_dir=args.data_dir, question=args.question)
     data = subset(data, args.limit, args.sample_seed)

@@ -140,11 +140,13 @@ def fit_readout(
     of that many nearest example-bank examples (``quality.readout``); it is served with a bank.
 
     Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, or read
-    options x_readout refuses; ValueError for a holdout share outside (0, 1)
+    options x_readout refuses; ValueError for a holdout share outside (0, 1), a negative ``vote``
     or an engine that returns no hidden states for a "hidden+logits" readout.
     """
     if not 0 < holdout < 1:
         raise ValueError(f"the holdout share must be between 0 and 1, got {holdout}")
+    if vote < 0:
+        raise ValueError(f"the vote's neighbours must not be negative, got {vote}")
     dropped = 0
     if exclude is not None:
         if drop_overlap:
@@ -162,6 +164,11 @@ def fit_readout(
     if features == "hidden+logits" and not decider.readouts.hidden_states:
         raise ValueError("this engine returns no hidden states (a remote engine): fit with features 'logits'")
     (question,) = decision.questions
+    bank = None
+    if vote:  # all the data, before per-class sampling, as a served bank holds every example
+        names = option_names(data.task)
+        pairs = [(item.state, names[item.gold]) for item in everything.items]
+        bank = ExampleBank.from_pairs(question, decision.instructions, pairs, everything.title)
 
     started = time.perf_counter()
     renderer = decider.renderer_for(layout) if layout else decider.renderer
@@ -187,13 +194,7 @@ def fit_readout(
     fitted = [(fit_logistic(x_train, y_train, classes, strength), strength) for strength in l2]
     head, strength = min(fitted, key=lambda pair: mean_nll(held_scores(pair[0]), gold[held]))
     scores = held_scores(head)
-    if vote:
-        bank = ExampleBank.from_pairs(
-            question,
-            decision.instructions,
-            [(item.state, option_names(data.task)[item.gold]) for item in everything.items],
-            everything.title,
-        )
+    if bank is not None:
         votes = np.stack([bank.vote(data.items[i].state, vote, leave_out=True) for i in held])  # (held, n)
         temperature, weight = fit_vote_fusion(scores, votes, gold[held])
         offset = weight * np.log(votes)[:, None, :]
@@ -216,7 +217,7 @@ def fit_readout(
         "read_seconds": read_seconds,
         "train_seconds": train_seconds,
     }
-    if vote:
+    if bank is not None:
         metrics |= {"head_accuracy": accuracy(scores.mean(axis=1)), "vote_accuracy": accuracy(votes)}
     ids = [item.id for item in data.items]
     readout = Readout(

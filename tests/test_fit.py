@@ -117,6 +117,9 @@ def test_the_command_fits_and_decide_answers_with_it(
     command = ["--cache-dir", str(cache_dir), "fit", "--model", smollm2.name, "--questions", str(tmp_path / "q.json")]
     command += ["--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "readouts"), "--no-progress"]
     command += ["--per-class", "3", "--holdout", "0.34", "--layout", "schema_first"]
+    for bad in (["--vote", "-1"], ["--holdout", "1"]):
+        assert main([*command, *bad]) == 1
+        assert "--vote must not be negative" in capsys.readouterr().err
     assert main([*command, "--exclude", str(tmp_path / "test.csv")]) == 2
     assert "also appear in" in capsys.readouterr().err and not (tmp_path / "readouts").exists()
     assert main(command) == 0

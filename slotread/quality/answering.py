@@ -62,10 +62,11 @@ def decide_calibrated(
     Raises InvalidRequest when the store lacks a fit the decision needs, or no bank serves a question
     that needs one, besides core.decide's errors.
     """
-    decision, shortlists = retrieve(decision, banks or ExampleBanks())
+    banks = banks or ExampleBanks()
+    decision, shortlists = retrieve(decision, banks)
     schemas = {q.id: schema_hash(q, decision.instructions) for q in decision.questions}
     if decision.readout:
-        return _decide_readout(decision, engine, renderer, readouts, banks or ExampleBanks(), schemas, max_tokens)
+        return _decide_readout(decision, engine, renderer, readouts, banks, schemas, max_tokens)
     _check(decision, store, schemas)
     spent = (0, 0)
     retrieved = bool(decision.examples or decision.shortlist)
