@@ -200,7 +200,7 @@ def plan(out: Path, models: list[str], datasets: list[str], settings: list[str],
         run, early = out / "baseline" / key, (-1, 0, order(key), 1)  # cheap and CPU-only: before every model
         tfidf = slotread("eval", "--baseline", "tfidf", *where, "--out", str(run / "tfidf"))
         jobs.append(Job(f"baseline/{key}/tfidf", tfidf, rank=early))
-        if data.kind == "choice":
+        if data.train:  # the vote every learning setting is measured against
             vote = slotread("eval", "--baseline", "knn", "--examples", "24", *where, "--out", str(run / "knn24"))
             jobs.append(Job(f"baseline/{key}/knn24", vote, rank=early))
     for short in [key for key in models if key in MODELS]:
