@@ -254,7 +254,7 @@ def done(job: Job) -> bool:
 
 def execute(jobs: list[Job], out: Path, parallel: int) -> int:
     # Each job gets its share of the CPU threads: torch's default (one per core in every process) left
-    # the readout fits' L-BFGS spinning on an oversubscribed 16-core host (1,268 s against 10 s alone).
+    # the readout fits' L-BFGS spinning on an oversubscribed 16-core host (1,268 s against 11.5 s on 2 cores alone).
     threads = str(max(1, (os.cpu_count() or 1) // parallel))
     environment = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     out.mkdir(parents=True, exist_ok=True)
@@ -327,12 +327,16 @@ def tables(out: Path) -> str:
         if runs:
             sections.append(f"### {data.dataset} {data.split}\n\n{format_table(runs)}")
         vote = out / "baseline" / key / "knn24"
-        paired = [
-            (system, name, compare(out / system / key / name, vote))
-            for system in MODELS
-            for name, setting in SETTINGS.items()
-            if setting.learns and finished(out / system / key / name) and finished(vote)
-        ]
+        paired = (
+            [
+                (system, name, compare(out / system / key / name, vote))
+                for system in MODELS
+                for name, setting in SETTINGS.items()
+                if setting.learns and finished(out / system / key / name)
+            ]
+            if finished(vote)
+            else []
+        )
         if paired:
             lines = [
                 row("system", "items", "accuracy", "vote accuracy", "only run right", "only vote right", "McNemar p"),
