@@ -38,6 +38,7 @@ path, bench/RESULTS.md); ``deterministic=True`` reads every canvas alone, bit-id
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
@@ -48,8 +49,17 @@ from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.attention import MASKED
 from slotread.engines.base import Family, ReadRequest, SlotScores
-from slotread.engines.decoder_graphs import DecoderGraphs
-from slotread.engines.gemma_forward import OwnPrompt, SharedPart, decode, encode
+from slotread.engines.forward_graphs import ForwardGraphs, bucket
+from slotread.engines.gemma_forward import (
+    Canvases,
+    JointMasks,
+    NewTokens,
+    OwnPrompt,
+    SharedPart,
+    decode,
+    encode,
+    encode_decode,
+)
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import score_slot_rows, with_hidden
@@ -62,6 +72,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 2**30
 
 Ids = tuple[int, ...]
+
+#: A joint forward (new states with their canvases) of at most this many tokens, padded to its
+#: bucket, replays a CUDA graph: below it the eager forward is bound by launches, not the GPU.
+GRAPH_TOKENS = 2048
 
 #: A read's prompt is split at its shortest cached boundary of at least this many tokens: the KV
 #: before it is read in place by every row sharing it, the tokens after it are copied per row.
@@ -93,8 +107,14 @@ class DiffusionGemmaEngine:
     decoded alone against its whole prompt, so each read runs the same shapes whatever else is
     asked. It costs the batching (bench/gpu_reads.py measures how much).
 
+    ``joint_encode``: a prompt whose last segment is not cached (a new state after a cached schema)
+    has that segment encoded in the same forward as its canvases (``gemma_forward.encode_decode``)
+    instead of in a forward of its own: one pass over the weights and the launches instead of two.
+    It needs the encoder's layers tied to the decoder's, as the library ties them.
+
     ``cuda_graphs`` (on a GPU, in bfloat16): decoder steps whose canvases all read one cached prompt
-    replay captured CUDA graphs (``engines/decoder_graphs.py``) instead of launching each kernel.
+    replay captured CUDA graphs (``engines/forward_graphs.py``) instead of launching each kernel, and so do
+    joint forwards of up to ``GRAPH_TOKENS`` tokens whose new states all continue one cached prompt.
     """
 
     family: Family = "diffusion"
@@ -111,6 +131,7 @@ class DiffusionGemmaEngine:
         shared_min: int = SHARED_MIN,
         deterministic: bool = False,
         cuda_graphs: bool = True,
+        joint_encode: bool = True,
     ) -> None:
         self._config = model.config.get_text_config()
         self.max_tokens = int(max_tokens if max_tokens is not None else self._config.max_position_embeddings)
@@ -119,6 +140,7 @@ class DiffusionGemmaEngine:
         self.max_canvases = 1 if deterministic else max_canvases
         self.max_encode_tokens = 1 if deterministic else max_encode_tokens
         self.shared_min = self.max_tokens if deterministic else shared_min
+        self.joint_encode = joint_encode and _tied(model)
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(DEFAULT_CACHE_BYTES)
         self._model = model.eval()
         self._encoder = model.model.encoder.language_model
@@ -126,7 +148,9 @@ class DiffusionGemmaEngine:
         self._head = model.lm_head
         # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
         use_graphs = cuda_graphs and model.device.type == "cuda" and model.dtype == torch.bfloat16
-        self._graphs = DecoderGraphs(self._decoder, self._config.layer_types) if use_graphs else None
+        self._graphs = (
+            ForwardGraphs(self._decoder, self._config.layer_types, self._config.sliding_window) if use_graphs else None
+        )
         self._softcap = float(self._config.final_logit_softcapping)
         self._vocab = int(self._config.vocab_size)
         self._pad_id = int(self._config.pad_token_id or 0)
@@ -144,24 +168,34 @@ class DiffusionGemmaEngine:
             self._check(index, request)
         scores: dict[int, SlotScores] = {}
         with torch.inference_mode():
-            boundaries = self._encode_all([request.prompt for request in requests])
-            reads = [self._plan(request, boundaries[request.prompt_ids]) for request in requests]
+            boundaries, deferred = self._encode_all(requests)
+            joint = [index for index, request in enumerate(requests) if request.prompt_ids in deferred]
+            for chunk in self._joint_chunks(joint, requests, deferred, boundaries):
+                batch = [requests[i] for i in chunk]
+                logits, hidden = self._joint_slot_logits(batch, deferred, boundaries)
+                scores.update(zip(chunk, self._scored(batch, logits, hidden), strict=True))
+            rest = [index for index, request in enumerate(requests) if request.prompt_ids not in deferred]
+            reads = {i: self._plan(requests[i], boundaries[requests[i].prompt_ids]) for i in rest}
             # Rows sharing a prompt KV adjacent (one shared part), similar own lengths together.
-            order = sorted(range(len(requests)), key=lambda i: reads[i].order_key)
+            order = sorted(rest, key=lambda i: reads[i].order_key)
             for start in range(0, len(order), self.max_canvases):
                 chunk = order[start : start + self.max_canvases]
                 batch = [requests[i] for i in chunk]
                 logits, hidden = self._slot_logits(batch, [reads[i] for i in chunk])  # (S, V), (S, H)
-                results = score_slot_rows(logits, [r.slots for r in batch])
-                wanted = [r.hidden for r in batch]
-                if any(wanted):
-                    results = with_hidden(results, hidden, wanted)
-                for index, result in zip(chunk, results, strict=True):
-                    scores[index] = result
+                scores.update(zip(chunk, self._scored(batch, logits, hidden), strict=True))
         return [scores[index] for index in range(len(requests))]
 
-    def _encode_all(self, prompts: Sequence[tuple[Ids, ...]]) -> dict[Ids, dict[int, PrefixKV]]:
-        """For each distinct prompt, the KV at every boundary this call found cached or encoded.
+    @staticmethod
+    def _scored(batch: list[ReadRequest], logits: torch.Tensor, hidden: torch.Tensor) -> list[SlotScores]:
+        """Each request's scores from its slots' rows of ``logits`` (S, V) and ``hidden`` (S, H)."""
+        results = score_slot_rows(logits, [r.slots for r in batch])
+        wanted = [r.hidden for r in batch]
+        return with_hidden(results, hidden, wanted) if any(wanted) else results
+
+    def _encode_all(self, requests: Sequence[ReadRequest]) -> tuple[dict[Ids, dict[int, PrefixKV]], dict[Ids, int]]:
+        """For each distinct prompt, the KV at every boundary this call found cached or encoded; and
+        the prompts whose last segment is left to ``encode_decode`` with their canvases, each with
+        the end of its parent segment.
 
         Each prompt resumes from its longest cached boundary; the segments left are encoded in waves,
         one segment per prompt per wave, the rows of a wave batched by segment length (a boundary
@@ -169,8 +203,8 @@ class DiffusionGemmaEngine:
         """
         found: dict[Ids, dict[int, PrefixKV]] = {}
         todo: dict[Ids, list[int]] = {}  # prompt -> boundary ends still to encode, in order
-        for segments in prompts:
-            ids = tuple(token for segment in segments for token in segment)
+        for request in requests:
+            segments, ids = request.prompt, request.prompt_ids
             if ids in found:
                 continue
             ends = sorted({sum(len(s) for s in segments[: k + 1]) for k in range(len(segments))} - {0})
@@ -181,6 +215,9 @@ class DiffusionGemmaEngine:
                     ends = ends[len(ends) - position :]
                     break
             todo[ids] = ends
+        deferred = self._deferred(requests, found, todo)
+        for ends in (todo[ids] for ids in deferred):
+            ends.pop()
         while any(todo.values()):
             # one row per distinct boundary prefix to encode next, with its parent's length and KV
             rows: dict[Ids, tuple[int, PrefixKV | None]] = {}
@@ -199,7 +236,29 @@ class DiffusionGemmaEngine:
                 if ends:
                     found[ids][ends[0]] = encoded[ids[: ends[0]]]
                     ends.pop(0)
-        return found
+        return found, deferred
+
+    def _deferred(
+        self, requests: Sequence[ReadRequest], found: dict[Ids, dict[int, PrefixKV]], todo: dict[Ids, list[int]]
+    ) -> dict[Ids, int]:
+        """The prompts whose last segment can be encoded in the same forward as their canvases: it is
+        still to encode, it continues a parent segment that the read splits at (the parent is the
+        shared part, the segment the own tokens), no other prompt of the call continues from it, and
+        the prompt's reads fit one decoder forward."""
+        if not self.joint_encode:
+            return {}
+        inner = {ids[:end] for ids, ends in todo.items() for end in ends if end < len(ids)}
+        reads = Counter(request.prompt_ids for request in requests)
+        deferred = {}
+        for ids, ends in todo.items():
+            if not ends or ends[-1] != len(ids) or ids in inner or reads[ids] > self.max_canvases:
+                continue
+            boundaries = sorted({*found[ids], *ends})
+            threshold = min(len(ids), self.shared_min)
+            split = min(end for end in boundaries if end >= threshold)
+            if len(boundaries) > 1 and split == boundaries[-2]:
+                deferred[ids] = split
+        return deferred
 
     def _encoder_batches(self, rows: dict[Ids, tuple[int, PrefixKV | None]]) -> Iterable[list[Ids]]:
         """Rows that can share one encoder forward: the same new length (so every row's tokens end
@@ -218,26 +277,37 @@ class DiffusionGemmaEngine:
     def _encode_rows(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV | None]) -> list[PrefixKV]:
         """Encode ``prefix[start:]`` of each row (one length N for all) continuing its parent's KV
         (rows sharing a parent adjacent; all rows have one or none); returns each whole prefix's KV."""
+        new = self._new_tokens(prefixes, starts, parents)
+        return self._entries(parents, encode(self._encoder, self._config.layer_types, self._config.sliding_window, new))
+
+    def _new_tokens(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV | None]) -> NewTokens:
+        """Encoder rows for ``prefix[start:]`` of each prefix (one length for all), continuing the
+        parents (rows sharing one adjacent; all rows have one or none)."""
         device = self._model.device
         new = len(prefixes[0]) - starts[0]  # N
-        runs = [list(run) for _, run in groupby(parents, key=id)]
         parts = [
-            SharedPart(rows=len(run), keys=run[0].keys, values=run[0].values) for run in runs if run[0] is not None
+            SharedPart(rows=len(run), keys=run[0].keys, values=run[0].values)
+            for run in (list(run) for _, run in groupby(parents, key=id))
+            if run[0] is not None
         ]
-        layers = encode(
-            self._encoder,
-            self._config.layer_types,
-            self._config.sliding_window,
+        return NewTokens(
             tokens=torch.tensor(
                 [prefix[start:] for prefix, start in zip(prefixes, starts, strict=True)], device=device
             ),
             positions=torch.tensor([list(range(start, start + new)) for start in starts], device=device),
             parents=parts,
-        )  # per layer: keys, values (B, kvh, N, d)
+        )
+
+    def _entries(
+        self, parents: list[PrefixKV | None], layers: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[PrefixKV]:
+        """Each encoder row's whole-prefix KV: its parent's then its new tokens' ``layers`` (per layer
+        (B, kvh, N, d)), as much as each layer keeps."""
         held = self._config.sliding_window - 1  # the prompt tokens a sliding layer keeps
         kvs: list[PrefixKV] = []
         start = 0
-        for run in runs:  # rows continuing one parent (or none): one copy per layer for the run
+        for run in (list(run) for _, run in groupby(parents, key=id)):
+            # rows continuing one parent (or none): one copy per layer for the run
             rows, parent = slice(start, start + len(run)), run[0]
             keys, values = [], []
             for index, (layer_keys, layer_values) in enumerate(layers):
@@ -258,6 +328,98 @@ class DiffusionGemmaEngine:
             start += len(run)
         return kvs
 
+    def _joint_chunks(
+        self,
+        indices: list[int],
+        requests: list[ReadRequest],
+        deferred: dict[Ids, int],
+        boundaries: dict[Ids, dict[int, PrefixKV]],
+    ) -> Iterable[list[int]]:
+        """The requests whose last prompt segment is encoded with their canvases, in forwards of one
+        segment length each: a prompt's requests together, prompts continuing one parent adjacent, at
+        most ``max_canvases`` canvases and ``max_encode_tokens`` new tokens (or one prompt) each."""
+
+        def key(index: int) -> tuple[int, int, Ids]:
+            ids = requests[index].prompt_ids
+            return len(ids) - deferred[ids], id(boundaries[ids][deferred[ids]]), ids
+
+        for new, run in groupby(sorted(indices, key=key), key=lambda index: key(index)[0]):
+            chunk: list[int] = []
+            for _, reads in groupby(run, key=lambda index: requests[index].prompt_ids):
+                group = list(reads)
+                prompts = len({requests[i].prompt_ids for i in chunk}) + 1
+                if chunk and (len(chunk) + len(group) > self.max_canvases or prompts * new > self.max_encode_tokens):
+                    yield chunk
+                    chunk = []
+                chunk.extend(group)
+            yield chunk
+
+    def _joint_slot_logits(
+        self, batch: list[ReadRequest], deferred: dict[Ids, int], boundaries: dict[Ids, dict[int, PrefixKV]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_slot_logits`` for requests whose last prompt segment is encoded in the same forward
+        (``encode_decode``); the segments' KV are stored in the prefix cache as ``_encode_all`` would.
+
+        A canvas reads its parent's whole held KV and its state's new tokens, with biases hiding what
+        its layer's window does not reach (instead of slicing), so a bucketed CUDA graph can serve it.
+        """
+        prompts = list(dict.fromkeys(request.prompt_ids for request in batch))  # one encoder row each
+        starts = [deferred[ids] for ids in prompts]
+        parents: list[PrefixKV | None] = [boundaries[ids][start] for ids, start in zip(prompts, starts, strict=True)]
+        new = self._new_tokens(prompts, starts, parents)
+        row = {ids: k for k, ids in enumerate(prompts)}
+        sources = [(boundaries[r.prompt_ids][deferred[r.prompt_ids]], 0) for r in batch]
+        canvases = self._canvases(batch, [len(request.prompt_ids) for request in batch], self._shared_parts(sources))
+        own_rows = torch.tensor([row[request.prompt_ids] for request in batch], device=self._model.device)
+        masks = self._joint_masks(batch, deferred, sources)
+        tokens = bucket(len(prompts)) * bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
+        layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        if self._graphs is not None and not self._graphs.failed and len(new.parents) == 1 and tokens <= GRAPH_TOKENS:
+            try:
+                layers, hidden = self._graphs.encode_decode(new, canvases, own_rows, masks)
+            except RuntimeError:  # a kernel that cannot be captured here: eager from now on
+                logger.warning("CUDA graph capture failed; running eagerly", exc_info=True)
+                self._graphs.failed = True
+        if layers is None:
+            layers, hidden = encode_decode(
+                self._decoder, self._config.layer_types, self._config.sliding_window, new, canvases, own_rows, masks
+            )
+        for ids, kv in zip(prompts, self._entries(parents, layers), strict=True):
+            self.prefix_cache.put(ids, kv)
+            boundaries[ids][len(ids)] = kv
+        return self._head_at_slots(batch, hidden)
+
+    def _joint_masks(
+        self, batch: list[ReadRequest], deferred: dict[Ids, int], sources: list[tuple[PrefixKV, int]]
+    ) -> JointMasks:
+        """What each canvas of a joint forward sees: of its state's N new tokens, all in a full layer
+        and the last ``window - 1`` in a sliding one; of its parent's held sliding KV, the keys from
+        ``_skip`` on (the rest of its window)."""
+        new = len(batch[0].prompt_ids) - deferred[batch[0].prompt_ids]  # N: one length per joint forward
+        kinds = self._config.layer_types
+        own = {kind: torch.zeros(len(batch), new) for kind in set(kinds)}
+        shared = {}
+        if "sliding_attention" in kinds:
+            index, window = kinds.index("sliding_attention"), self._config.sliding_window - 1
+            own["sliding_attention"] = torch.where(torch.arange(new) >= new - window, 0.0, MASKED).expand(
+                len(batch), -1
+            )
+            held = max(kv.keys[index].shape[-2] for kv, _ in sources)
+            skips = torch.tensor([self._skip(len(r.prompt_ids), deferred[r.prompt_ids]) for r in batch])
+            shared["sliding_attention"] = torch.where(torch.arange(held)[None, :] >= skips[:, None], 0.0, MASKED)
+        device = self._model.device
+        return JointMasks(
+            own={kind: bias.to(device) for kind, bias in own.items()},
+            shared={kind: bias.to(device) for kind, bias in shared.items()},
+        )
+
+    def _skip(self, length: int, split: int) -> int:
+        """Where a sliding layer's read of a prompt of ``length`` tokens split at ``split`` starts in
+        the shared part's KV: the layer reads prompt positions [length - window, length) and the
+        shared KV holds positions [split - held, split)."""
+        window = self._config.sliding_window - 1  # prompt tokens a sliding layer holds and reads
+        return max(0, (length - window) - (split - min(split, window)))
+
     def _plan(self, request: ReadRequest, boundaries: dict[int, PrefixKV]) -> _Read:
         """Split the request's prompt into the shared part (the shortest available boundary of at
         least ``shared_min`` tokens, so a schema cached once is read in place by every state after
@@ -265,19 +427,33 @@ class DiffusionGemmaEngine:
         length = len(request.prompt_ids)
         split = min((end for end in boundaries if end >= min(length, self.shared_min)), default=length)
         shared, full = boundaries[split], boundaries[length]
-        window = self._config.sliding_window - 1  # prompt tokens a sliding layer holds and reads
-        # a sliding layer reads prompt positions [length - window, length); the shared KV holds
-        # positions [split - held, split), so the read starts `skip` tokens into it
-        skip = max(0, (length - window) - (split - min(split, window)))
+        skip = self._skip(length, split)
         return _Read(shared, full, split, length, skip, (id(shared), skip, length - split, request.prompt_ids))
 
     def _slot_logits(self, batch: list[ReadRequest], reads: list[_Read]) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 logits (S, V) at every slot of ``batch``, in request then slot order, and the decoder's
         final hidden states (S, H) they come from (after the final norm, on the eager and graph paths alike)."""
+        canvases = self._canvases(
+            batch, [read.length for read in reads], self._shared_parts([(read.shared, read.skip) for read in reads])
+        )
+        own = self._own_prompts(reads)
+        hidden = None  # (B, C, H)
+        if self._graphs is not None and not self._graphs.failed and own is None and len(canvases.shared) == 1:
+            try:
+                hidden = self._graphs.decode(canvases)
+            except RuntimeError:  # a kernel that cannot be captured here: eager from now on
+                logger.warning("CUDA graph capture failed; decoding eagerly", exc_info=True)
+                self._graphs.failed = True
+        if hidden is None:
+            hidden = decode(self._decoder, self._config.layer_types, canvases, own)
+        return self._head_at_slots(batch, hidden)
+
+    def _canvases(self, batch: list[ReadRequest], lengths: list[int], shared: list[SharedPart]) -> Canvases:
+        """The requests' noised canvases, right-padded to one width, after prompts of ``lengths``."""
         device = self._model.device
         columns = max(len(request.canvas) for request in batch)  # C: the padded canvas width
         canvases, positions, canvas_bias = [], [], []
-        for request, read in zip(batch, reads, strict=True):
+        for request, length in zip(batch, lengths, strict=True):
             noised = (
                 request.canvas
                 if request.seed is None
@@ -285,38 +461,33 @@ class DiffusionGemmaEngine:
             )
             fill = columns - len(noised)
             canvases.append([*noised, *[self._pad_id] * fill])
-            positions.append(list(range(read.length, read.length + columns)))
+            positions.append(list(range(length, length + columns)))
             canvas_bias.append([0.0] * len(noised) + [MASKED] * fill)
-
-        inputs = (
-            torch.tensor(canvases, device=device),  # (B, C)
-            torch.tensor(positions, device=device),  # (B, C)
-            torch.tensor(canvas_bias, device=device),  # (B, C)
+        return Canvases(
+            tokens=torch.tensor(canvases, device=device),  # (B, C)
+            positions=torch.tensor(positions, device=device),  # (B, C)
+            bias=torch.tensor(canvas_bias, device=device),  # (B, C)
+            shared=shared,
         )
-        shared, own = self._shared_parts(reads), self._own_prompts(reads)
-        hidden = None  # (B, C, H)
-        if self._graphs is not None and not self._graphs.failed and own is None and len(shared) == 1:
-            try:
-                hidden = self._graphs.decode(*inputs, shared[0])
-            except RuntimeError:  # a kernel that cannot be captured here: eager from now on
-                logger.warning("CUDA graph capture failed; decoding eagerly", exc_info=True)
-                self._graphs.failed = True
-        if hidden is None:
-            hidden = decode(self._decoder, self._config.layer_types, *inputs, shared, own)
 
+    def _head_at_slots(self, batch: list[ReadRequest], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``lm_head`` and the final softcap at each slot of ``hidden`` (B, C, H): float32 logits (S, V)
+        and the slots' hidden states (S, H)."""
+        device = self._model.device
         rows = [r for r, request in enumerate(batch) for _ in request.slots]
         cols = [slot.position for request in batch for slot in request.slots]
         at_slots = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]  # (S, H)
         logits = self._head(at_slots).to(torch.float32)  # (S, V)
         return self._softcap * torch.tanh(logits / self._softcap), at_slots
 
-    def _shared_parts(self, reads: list[_Read]) -> list[SharedPart]:
-        """One part per run of rows reading the same shared KV from the same place."""
+    def _shared_parts(self, sources: list[tuple[PrefixKV, int]]) -> list[SharedPart]:
+        """One part per run of rows reading the same shared KV from the same place: each row's
+        (shared KV, sliding ``skip``)."""
         parts = []
         sliding = [kind == "sliding_attention" for kind in self._config.layer_types]
-        for (_, skip, _), run in groupby(reads, key=lambda read: (id(read.shared), read.skip, read.split)):
+        for (_, skip), run in groupby(sources, key=lambda source: (id(source[0]), source[1])):
             group = list(run)
-            kv, rows = group[0].shared, len(group)
+            kv, rows = group[0][0], len(group)
             parts.append(
                 SharedPart(
                     rows=rows,
@@ -372,6 +543,16 @@ class DiffusionGemmaEngine:
         tokens = len(request.prompt_ids) + len(request.canvas)
         if tokens > self.max_tokens:
             raise PromptTooLong(tokens, self.max_tokens)
+
+
+def _tied(model: DiffusionGemmaForBlockDiffusion) -> bool:
+    """Whether the encoder's layers are the decoder's (tied parameters, equal buffers)."""
+    encoder, decoder = model.model.encoder.language_model.layers, model.model.decoder.layers
+    same = all(a is b for a, b in zip(encoder.parameters(), decoder.parameters(), strict=True))
+    if not same or not all(torch.equal(a, b) for a, b in zip(encoder.buffers(), decoder.buffers(), strict=True)):
+        logger.warning("the encoder's layers are not tied to the decoder's: no joint encoding")
+        return False
+    return True
 
 
 def _left_padded(tensors: list[torch.Tensor], width: int) -> torch.Tensor:

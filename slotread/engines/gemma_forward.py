@@ -36,8 +36,9 @@ from slotread.engines.attention import MASKED, attend, merge
 logger = logging.getLogger(__name__)
 
 Layer = DiffusionGemmaDecoderTextLayer | DiffusionGemmaEncoderTextLayer
-#: (grouped queries (B, kvh, g * L, d), keys (B, kvh, L, d), values) -> merged output (B, kvh, g * L, d)
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: Per stream, (grouped queries (B, kvh, g * L, d), keys (B, kvh, L, d), values) -> the merged
+#: outputs (B, kvh, g * L, d), one per stream
+Attend = Callable[[int, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]], list[torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -59,97 +60,245 @@ class OwnPrompt:
     bias: tuple[torch.Tensor, ...]
 
 
+@dataclass(frozen=True)
+class Canvases:
+    """Decoder rows: canvases (B, C) at ``positions`` (B, C); ``bias`` (B, C) hides right-padded
+    columns as keys; ``shared`` covers the rows in order."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    bias: torch.Tensor
+    shared: list[SharedPart]
+
+
+@dataclass(frozen=True)
+class NewTokens:
+    """Encoder rows: tokens (B, N) at ``positions`` (B, N), each row continuing its parent's KV
+    (``parents`` covers the rows in order; empty: no parents)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    parents: list[SharedPart]
+
+
 def decode(
-    decoder: DiffusionGemmaDecoderModel,
-    layer_types: Sequence[str],
-    canvas: torch.Tensor,
-    positions: torch.Tensor,
-    canvas_bias: torch.Tensor,
-    shared: list[SharedPart],
-    own: OwnPrompt | None,
+    decoder: DiffusionGemmaDecoderModel, layer_types: Sequence[str], canvases: Canvases, own: OwnPrompt | None
 ) -> torch.Tensor:
-    """The decoder's final hidden states (B, C, hidden) for canvases (B, C) at ``positions`` (B, C).
+    """The decoder's final hidden states (B, C, hidden) for ``canvases``, each row also attending to
+    its ``own`` prompt tokens after its shared part. One step, no self-conditioning (a zero signal,
+    as the library's first step)."""
 
-    ``canvas_bias`` (B, C) hides right-padded canvas columns as keys; ``shared`` covers the rows in
-    order. One step, no self-conditioning (a zero signal, as the library's first step).
-    """
+    def attention(
+        index: int, grouped: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        own_kv = None if own is None else (own.keys[index], own.values[index], own.bias[index])
+        return [_decoder_attention(index, grouped[0], keys[0], values[0], canvases, own_kv)]
 
-    def attention(index: int, grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        own_keys, own_values, own_bias = keys, values, canvas_bias
-        if own is not None:
-            own_keys = torch.cat([own.keys[index], keys], dim=2)
-            own_values = torch.cat([own.values[index], values], dim=2)
-            own_bias = torch.cat([own.bias[index], canvas_bias], dim=1)
-        own_part = attend(grouped, own_keys, own_values, own_bias[:, None, None, :].to(grouped.dtype))
-        return merge([own_part, _shared_attention(index, grouped, shared, None)])
-
-    embeds = decoder.embed_tokens(canvas)
-    hidden = decoder.self_conditioning(embeds, torch.zeros_like(embeds))
-    rotary = {kind: decoder.rotary_emb(hidden, positions, kind) for kind in set(layer_types)}
-    for index, kind in enumerate(layer_types):
-        layer = decoder.layers[index]
-        assert isinstance(layer, DiffusionGemmaDecoderTextLayer)
-        cos, sin = rotary[kind]
-        hidden = _layer(layer, index, hidden, cos, sin, attention, feed_forward=True)
-    return decoder.norm(hidden)
+    batch, columns = canvases.tokens.shape
+    hidden, rotary = _decoder_input(decoder, layer_types, canvases)
+    hidden = _layers(decoder, layer_types, hidden, [(batch, columns)], rotary, attention, last_feed_forward=True)
+    return decoder.norm(hidden).view(batch, columns, -1)
 
 
 def encode(
-    encoder: DiffusionGemmaEncoderTextModel,
-    layer_types: Sequence[str],
-    window: int,
-    tokens: torch.Tensor,
-    positions: torch.Tensor,
-    parents: list[SharedPart],
+    encoder: DiffusionGemmaEncoderTextModel, layer_types: Sequence[str], window: int, new: NewTokens
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the keys and values (B, kvh, N, d) of new tokens (B, N) at ``positions`` (B, N),
-    each row continuing its parent's KV (``parents`` covers the rows in order; empty: no parents).
+    """Per layer, the keys and values (B, kvh, N, d) of the ``new`` tokens.
 
     A sliding layer's parent KV holds the parent's last ``min(P, window - 1)`` tokens; query ``t``
     sees keys within ``window`` positions of itself, in the parent and among the new tokens alike.
     """
-    new = tokens.shape[1]  # N
-    steps = torch.arange(new, device=tokens.device)
-    causal = torch.where(steps[None, :] <= steps[:, None], 0.0, MASKED)  # (N, N): query t, key j
-    in_window = torch.where(steps[None, :] > steps[:, None] - window, causal, MASKED)
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    masks = _encoder_masks(new.tokens.shape[1], window, new.tokens.device)
 
-    def attention(index: int, grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        sliding = layer_types[index] == "sliding_attention"
-        kv.append((keys, values))
-        groups = grouped.shape[2] // new  # g: the query heads per kv head
-        bias = (in_window if sliding else causal).repeat(groups, 1).to(grouped.dtype)  # (g * N, N)
-        own_part = attend(grouped, keys, values, bias[None, None])
-        if not parents:
-            return own_part[0]
-        return merge([own_part, _shared_attention(index, grouped, parents, window if sliding else None, new)])
+    def attention(
+        index: int, grouped: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        kv.append((keys[0], values[0]))
+        return [_encoder_attention(index, grouped[0], keys[0], values[0], layer_types, window, masks, new.parents)]
 
-    hidden = encoder.embed_tokens(tokens)
-    rotary = {kind: encoder.rotary_emb(hidden, positions, kind) for kind in set(layer_types)}
-    for index, kind in enumerate(layer_types):
-        layer = encoder.layers[index]
-        assert isinstance(layer, DiffusionGemmaEncoderTextLayer)
-        cos, sin = rotary[kind]
-        hidden = _layer(layer, index, hidden, cos, sin, attention, feed_forward=index < len(layer_types) - 1)
+    batch, length = new.tokens.shape
+    hidden = encoder.embed_tokens(new.tokens)
+    rotary = _rotary(encoder, layer_types, hidden, new.positions)
+    # a prompt's KV never reads the last layer's feed-forward
+    _layers(encoder, layer_types, hidden.view(batch * length, -1), [(batch, length)], rotary, attention, False)
     return kv
 
 
+@dataclass(frozen=True)
+class JointMasks:
+    """What the canvases of ``encode_decode`` see, per layer kind, as additive biases: ``own``
+    (B_c, N) over their row's new tokens, ``shared`` (B_c, S) over the first S keys of their shared
+    part (a kind without an entry sees the whole part)."""
+
+    own: dict[str, torch.Tensor]
+    shared: dict[str, torch.Tensor]
+
+
+def encode_decode(
+    decoder: DiffusionGemmaDecoderModel,
+    layer_types: Sequence[str],
+    window: int,
+    new: NewTokens,
+    canvases: Canvases,
+    own_rows: torch.Tensor,
+    masks: JointMasks,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """``encode`` and ``decode`` in one pass over the layers, for canvases whose own prompt tokens are
+    the ``new`` tokens being encoded: canvas row r reads new-token row ``own_rows[r]`` (B_c,), as
+    ``masks`` lets it (the engine hides a sliding layer's tokens out of the window, and padding).
+
+    The encoder's layers are the decoder's (tied weights, checked by the engine), so the new tokens
+    and the canvases go through every projection, the dense MLP and the experts together: the
+    weights are read once, and the launches are those of one forward. Returns ``encode``'s KV and
+    ``decode``'s hidden states. New tokens right-padded after a row's own are harmless to it (causal).
+    """
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    length = new.tokens.shape[1]  # N
+    causal = _encoder_masks(length, window, new.tokens.device)
+
+    def attention(
+        index: int, grouped: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        kv.append((keys[0], values[0]))
+        encoded = _encoder_attention(index, grouped[0], keys[0], values[0], layer_types, window, causal, new.parents)
+        kind = layer_types[index]
+        own = (keys[0][own_rows], values[0][own_rows], masks.own[kind])
+        decoded = _decoder_attention(index, grouped[1], keys[1], values[1], canvases, own, masks.shared.get(kind))
+        return [encoded, decoded]
+
+    rows, columns = canvases.tokens.shape
+    new_hidden = decoder.embed_tokens(new.tokens)
+    new_rotary = _rotary(decoder, layer_types, new_hidden, new.positions)
+    canvas_hidden, canvas_rotary = _decoder_input(decoder, layer_types, canvases)
+    hidden = torch.cat([new_hidden.view(new.tokens.numel(), -1), canvas_hidden])
+    rotary = {
+        kind: (torch.cat([table[0], canvas_rotary[kind][0]]), torch.cat([table[1], canvas_rotary[kind][1]]))
+        for kind, table in new_rotary.items()
+    }
+    streams = [(new.tokens.shape[0], length), (rows, columns)]
+    # the new tokens' last feed-forward is wasted work (1/L of theirs), cheaper than a split
+    hidden = _layers(decoder, layer_types, hidden, streams, rotary, attention, last_feed_forward=True)
+    return kv, decoder.norm(hidden[new.tokens.numel() :]).view(rows, columns, -1)
+
+
+def _decoder_input(
+    decoder: DiffusionGemmaDecoderModel, layer_types: Sequence[str], canvases: Canvases
+) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """The canvases' first hidden states (B * C, hidden) and rotary tables."""
+    embeds = decoder.embed_tokens(canvases.tokens)
+    hidden = decoder.self_conditioning(embeds, torch.zeros_like(embeds))
+    return hidden.view(canvases.tokens.numel(), -1), _rotary(decoder, layer_types, hidden, canvases.positions)
+
+
+def _rotary(
+    model: DiffusionGemmaDecoderModel | DiffusionGemmaEncoderTextModel,
+    layer_types: Sequence[str],
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer kind, cos and sin (B * L, d) at ``positions`` (B, L)."""
+    tables = {}
+    for kind in set(layer_types):
+        cos, sin = model.rotary_emb(hidden, positions, kind)
+        tables[kind] = (cos.reshape(positions.numel(), -1), sin.reshape(positions.numel(), -1))
+    return tables
+
+
+def _layers(
+    model: DiffusionGemmaDecoderModel | DiffusionGemmaEncoderTextModel,
+    layer_types: Sequence[str],
+    hidden: torch.Tensor,
+    streams: list[tuple[int, int]],
+    rotary: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    attention: Attend,
+    last_feed_forward: bool,
+) -> torch.Tensor:
+    """Every layer over ``hidden`` (T, hidden): the tokens of ``streams`` (rows, length) one after another."""
+    for index, kind in enumerate(layer_types):
+        layer = model.layers[index]
+        assert isinstance(layer, DiffusionGemmaDecoderTextLayer | DiffusionGemmaEncoderTextLayer)
+        cos, sin = rotary[kind]
+        feed_forward = last_feed_forward or index < len(layer_types) - 1
+        hidden = _layer(layer, index, hidden, streams, cos, sin, attention, feed_forward)
+    return hidden
+
+
+def _decoder_attention(
+    index: int,
+    grouped: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    canvases: Canvases,
+    own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    shared_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Canvas queries against their own prompt tokens (if any: keys, values, bias) and canvas,
+    bidirectionally, merged with their shared part (``shared_bias`` (B, S) over its first keys)."""
+    own_keys, own_values, own_bias = keys, values, canvases.bias
+    if own is not None:
+        own_keys = torch.cat([own[0], keys], dim=2)
+        own_values = torch.cat([own[1], values], dim=2)
+        own_bias = torch.cat([own[2], canvases.bias], dim=1)
+    own_part = attend(grouped, own_keys, own_values, own_bias[:, None, None, :].to(grouped.dtype))
+    return merge([own_part, _shared_attention(index, grouped, canvases.shared, row_bias=shared_bias)])
+
+
+def _encoder_masks(new: int, window: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (N, N) causal bias among new tokens (query t, key j), and the same within the window."""
+    steps = torch.arange(new, device=device)
+    causal = torch.where(steps[None, :] <= steps[:, None], 0.0, MASKED)
+    return causal, torch.where(steps[None, :] > steps[:, None] - window, causal, MASKED)
+
+
+def _encoder_attention(
+    index: int,
+    grouped: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    layer_types: Sequence[str],
+    window: int,
+    masks: tuple[torch.Tensor, torch.Tensor],
+    parents: list[SharedPart],
+) -> torch.Tensor:
+    """New tokens' queries, causally among themselves (within the window on a sliding layer),
+    merged with their parents' KV."""
+    sliding = layer_types[index] == "sliding_attention"
+    new = keys.shape[2]
+    groups = grouped.shape[2] // new  # g: the query heads per kv head
+    bias = masks[1 if sliding else 0].repeat(groups, 1).to(grouped.dtype)  # (g * N, N)
+    own_part = attend(grouped, keys, values, bias[None, None])
+    if not parents:
+        return own_part[0]
+    return merge([own_part, _shared_attention(index, grouped, parents, window if sliding else None, new)])
+
+
 def _shared_attention(
-    index: int, grouped: torch.Tensor, parts: list[SharedPart], window: int | None = None, new: int = 0
+    index: int,
+    grouped: torch.Tensor,
+    parts: list[SharedPart],
+    window: int | None = None,
+    new: int = 0,
+    row_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each part's rows' queries (B, kvh, g * L, d) against the part's KV, as one batch-1 attention
     per part; returns the output and the LSE for all rows.
 
     With ``window`` (an encoder's sliding layer, rows of ``new`` tokens) query t hides the held keys
     more than ``window - 1`` positions before it: held key j sits ``held - j`` positions before new
-    token 0, so it is hidden once ``t + held - j >= window``.
+    token 0, so it is hidden once ``t + held - j >= window``. ``row_bias`` (B, >= S) is each row's
+    additive bias over its part's keys.
     """
     kv_heads, queries, dim = grouped.shape[1], grouped.shape[2], grouped.shape[3]
     outs, lses, row = [], [], 0
     for part in parts:
         keys, values = part.keys[index], part.values[index]
         bias = None
-        if window is not None:
+        if row_bias is not None:
+            held = keys.shape[-2]
+            bias = row_bias[row : row + part.rows, :held].repeat_interleave(queries, dim=0)[None, None]
+            bias = bias.to(grouped.dtype)
+        elif window is not None:
             held = keys.shape[-2]
             token = torch.arange(queries, device=grouped.device) % new  # t of each grouped query
             outside = torch.arange(held, device=grouped.device)[None, :] <= token[:, None] + held - window
@@ -203,36 +352,53 @@ def _layer(
     layer: Layer,
     index: int,
     hidden: torch.Tensor,
+    streams: list[tuple[int, int]],
     cos: torch.Tensor,
     sin: torch.Tensor,
     attention: Attend,
     feed_forward: bool,
 ) -> torch.Tensor:
-    """The library's decoder/encoder layer (they are the same but for attention) with ``attention``."""
+    """The library's decoder/encoder layer (they are the same but for attention) over ``hidden``
+    (T, hidden), the tokens of ``streams`` (rows, length) one after another: every projection, the
+    MLP and the experts over all tokens at once, the attention per stream. ``cos``/``sin`` (T, d)."""
     attn = layer.self_attn
     residual = hidden
     normed = _norm(layer.input_layernorm, hidden)
-    batch, length, _ = normed.shape  # B, L
+    tokens = hidden.shape[0]  # T
     eps = float(getattr(attn.q_norm, "eps"))  # noqa: B009 (mypy types module attributes as Tensor | Module)
-    query = attn.q_proj(normed).view(batch, length, -1, attn.head_dim)  # (B, L, H, d)
-    query = fused.norm_rotary(query, attn.q_norm.weight, eps, cos, sin)
-    keys = attn.k_proj(normed).view(batch, length, -1, attn.head_dim)  # (B, L, kvh, d)
+    query = attn.q_proj(normed).view(1, tokens, -1, attn.head_dim)  # (1, T, H, d)
+    query = fused.norm_rotary(query, attn.q_norm.weight, eps, cos[None], sin[None])[0]
+    keys = attn.k_proj(normed).view(1, tokens, -1, attn.head_dim)  # (1, T, kvh, d)
     values = attn.v_proj(normed).view(keys.shape) if attn.v_proj is not None else keys
-    keys = fused.norm_rotary(keys, attn.k_norm.weight, eps, cos, sin).transpose(1, 2)  # (B, kvh, L, d)
-    values = _norm(attn.v_norm, values).transpose(1, 2)
-    # (B, kvh, g * L, d): a kv head's g query heads as one longer query sequence
-    grouped = query.transpose(1, 2).reshape(batch, keys.shape[1], -1, attn.head_dim)
-    merged = attention(index, grouped, keys, values)
-    merged = merged.reshape(batch, -1, length, attn.head_dim).transpose(1, 2).reshape(batch, length, -1)
+    keys = fused.norm_rotary(keys, attn.k_norm.weight, eps, cos[None], sin[None])[0]  # (T, kvh, d)
+    values = _norm(attn.v_norm, values)[0]
+    grouped, stream_keys, stream_values, start = [], [], [], 0
+    for rows, length in streams:
+        span = slice(start, start + rows * length)
+        # (B, kvh, g * L, d): a kv head's g query heads as one longer query sequence
+        grouped.append(
+            query[span]
+            .view(rows, length, -1, attn.head_dim)
+            .transpose(1, 2)
+            .reshape(rows, keys.shape[1], -1, attn.head_dim)
+        )
+        stream_keys.append(keys[span].view(rows, length, -1, attn.head_dim).transpose(1, 2))  # (B, kvh, L, d)
+        stream_values.append(values[span].view(rows, length, -1, attn.head_dim).transpose(1, 2))
+        start += rows * length
+    outputs = attention(index, grouped, stream_keys, stream_values)
+    flat = [
+        out.reshape(rows, -1, length, attn.head_dim).transpose(1, 2).reshape(rows * length, -1)
+        for out, (rows, length) in zip(outputs, streams, strict=True)
+    ]
+    merged = flat[0] if len(flat) == 1 else torch.cat(flat)
     hidden = residual + _norm(layer.post_attention_layernorm, attn.o_proj(merged))
     if not feed_forward:
         return hidden
 
     residual = hidden
     dense = _norm(layer.post_feedforward_layernorm_1, layer.mlp(_norm(layer.pre_feedforward_layernorm, hidden)))
-    flat = residual.reshape(-1, residual.shape[-1])
-    _, weights, experts = layer.router(flat)
-    routed = _experts(layer, _norm(layer.pre_feedforward_layernorm_2, flat), experts, weights).reshape(residual.shape)
+    _, weights, experts = layer.router(residual)
+    routed = _experts(layer, _norm(layer.pre_feedforward_layernorm_2, residual), experts, weights)
     combined = dense + _norm(layer.post_feedforward_layernorm_2, routed)
     hidden = residual + _norm(layer.post_feedforward_layernorm, combined)
     return hidden * layer.layer_scalar

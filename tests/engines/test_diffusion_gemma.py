@@ -256,3 +256,51 @@ def test_a_hidden_read_returns_the_state_its_label_logits_come_from(
             again = cap * torch.tanh(model.lm_head(torch.from_numpy(np.stack(result.hidden))).float() / cap)
         for slot, row, logits in zip(request.slots, again, result.logits, strict=True):
             np.testing.assert_allclose(row[list(slot.label_ids)].numpy(), logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("max_canvases", [64, 4])
+def test_new_states_encoded_with_their_canvases_read_as_in_two_forwards(
+    model: DiffusionGemmaForBlockDiffusion, ids: Draw, max_canvases: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decisions: states after one cached schema, several questions each. Encoding each state in the
+    same forward as its canvases (``joint_encode``) reads as encoding it first, and caches it alike."""
+    import slotread.engines.diffusion_gemma as engine_module
+
+    joint_forwards = 0
+    real = engine_module.encode_decode
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal joint_forwards
+        joint_forwards += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "encode_decode", counted)
+    schema = ids(30)
+    # states shorter and longer than the sliding window's 15 held tokens; two of one length
+    states = [ids(n) for n in (6, 20, 9, 9)]
+    requests = [
+        ReadRequest((schema, state), ids(canvas), (Slot(canvas - 1, ids(3)),), seed=10 * k + q)
+        for k, state in enumerate(states)
+        for q, canvas in enumerate((4, 6, 3))
+    ]
+    engines = {
+        joint: DiffusionGemmaEngine(model, max_canvases=max_canvases, shared_min=8, joint_encode=joint)
+        for joint in (True, False)
+    }
+    for engine in engines.values():
+        engine.read([requests[0]])  # caches the schema and the first state
+    joint_forwards = 0
+    together = engines[True].read(requests)
+    forwards = 2 if max_canvases == 64 else 3  # one per state length; the two 9-token states' 6 reads split at 4
+    assert joint_forwards == forwards
+    apart = engines[False].read(requests)
+    assert joint_forwards == forwards
+    for request, one, two in zip(requests, together, apart, strict=True):
+        assert max_difference(one, two) <= 1e-5
+        assert max_difference(one, DiffusionGemmaEngine(model).read([request])[0]) <= 1e-5
+    # every state's whole prompt is cached: reading again decodes from the cache alone
+    cache = engines[True].prefix_cache
+    hits = cache.hits
+    again = engines[True].read(requests)
+    assert cache.hits == hits + len(states) and joint_forwards == forwards
+    assert all(max_difference(a, b) <= 1e-5 for a, b in zip(again, together, strict=True))

@@ -1,0 +1,76 @@
+"""The CUDA graphs' buckets, on the CPU: a joint forward padded to its bucket reads as the unpadded one.
+
+Capture and replay need a GPU (bench/gpu_reads.py checks them on an H200); the padding they rely on
+is plain torch and is checked here, on a tiny random-weight DiffusionGemma in float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DiffusionGemmaForBlockDiffusion
+
+from slotread.engines.attention import MASKED
+from slotread.engines.base import ReadRequest, Slot
+from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.forward_graphs import bucket, padded
+from slotread.engines.gemma_forward import Canvases, JointMasks, NewTokens, SharedPart, encode_decode
+from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
+
+
+@pytest.fixture(scope="module")
+def model() -> DiffusionGemmaForBlockDiffusion:
+    return tiny_diffusion_gemma(seed=0)
+
+
+def test_buckets_are_powers_of_two() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 100, 128, 129)] == [1, 2, 4, 8, 8, 128, 128, 256]
+
+
+@pytest.mark.parametrize("new", [5, 20])  # within the sliding window's 15 held tokens, and past it
+def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaForBlockDiffusion, new: int) -> None:
+    generator = torch.Generator().manual_seed(3)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randint(3, GEMMA4_VOCAB_SIZE, shape, generator=generator)
+
+    config = model.config.text_config
+    schema = tuple(draw(30).tolist())
+    engine = DiffusionGemmaEngine(model)
+    engine.read([ReadRequest((schema,), (5, 6), (Slot(0, (7, 8)),))])
+    parent = engine.prefix_cache.get(schema)
+    assert parent is not None
+    held = config.sliding_window - 1
+    rows, canvas_rows, columns = 3, 5, 4  # padded to 4 rows, 8 canvas rows, new tokens to a power of two
+    own_rows = torch.tensor([0, 1, 1, 2, 0])
+    length = len(schema) + new
+    skip = max(0, (length - held) - (len(schema) - held))  # the shared sliding keys out of a canvas's window
+    inputs = (
+        NewTokens(
+            draw(rows, new), torch.arange(30, length).expand(rows, -1), [SharedPart(rows, parent.keys, parent.values)]
+        ),
+        Canvases(
+            draw(canvas_rows, columns),
+            torch.arange(length, length + columns).expand(canvas_rows, -1),
+            torch.tensor([[0.0] * columns] * 4 + [[0.0] * (columns - 1) + [MASKED]]),  # one padded canvas
+            [SharedPart(canvas_rows, parent.keys, parent.values)],
+        ),
+        own_rows,
+        JointMasks(
+            own={
+                "full_attention": torch.zeros(canvas_rows, new),
+                "sliding_attention": torch.where(torch.arange(new) >= new - held, 0.0, MASKED).expand(canvas_rows, -1),
+            },
+            shared={"sliding_attention": torch.where(torch.arange(held) >= skip, 0.0, MASKED).expand(canvas_rows, -1)},
+        ),
+    )
+    args = (model.model.decoder, config.layer_types, config.sliding_window)
+    with torch.inference_mode():
+        kv, hidden = encode_decode(*args, *inputs)
+        padded_inputs = padded(*inputs)
+        assert padded_inputs[0].tokens.shape == (4, bucket(new)) and padded_inputs[1].tokens.shape == (8, columns)
+        padded_kv, padded_hidden = encode_decode(*args, *padded_inputs)
+    torch.testing.assert_close(padded_hidden[:canvas_rows], hidden, atol=1e-5, rtol=0)
+    for (keys, values), (padded_keys, padded_values) in zip(kv, padded_kv, strict=True):
+        torch.testing.assert_close(padded_keys[:rows, :, :new], keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(padded_values[:rows, :, :new], values, atol=1e-5, rtol=0)
