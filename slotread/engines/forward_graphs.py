@@ -6,11 +6,11 @@ and compiled-function guards take 75-130 ms where the GPU needs ~30 (bench/RESUL
 cases have a fixed shape per bucket, so each bucket's forward is captured once as a CUDA graph and
 replayed: inputs are copied into static buffers, the graph runs every kernel without the CPU.
 
-Buckets: rows (and a joint step's new tokens) are padded to a power of two, so a few graphs serve
-every batch. Padded rows copy row 0 and their outputs are dropped; padded new tokens come after a
-row's own, which causal attention hides from them, and the canvases' masks hide them in turn. A
-graph holds its own copy of the prompt KV it was captured with, refreshed before every replay (a
-device copy, ~0.1 ms for a 1,600-token prompt).
+Buckets: rows (and a joint step's new tokens) are padded to a power of two or three quarters of
+one (``bucket``), so a few graphs serve every batch. Padded rows copy row 0 and their outputs are
+dropped; padded new tokens come after a row's own, which causal attention hides from them, and the
+canvases' masks hide them in turn. A graph holds its own copy of the prompt KV it was captured
+with, refreshed before every replay (a device copy, ~0.1 ms for a 1,600-token prompt).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ class ForwardGraphs:
 
         shapes = tuple(tuple(tensor.shape) for tensor in (*inputs, *part.keys))
         kv, hidden = self._replay(("encode_decode", *shapes), [*inputs, *part.keys, *part.values], forward)
-        return [(k[:rows, :, :length], v[:rows, :, :length]) for k, v in kv], hidden[:canvas_rows]
+        # copies: the next replay overwrites the graph's outputs, and the prefix cache keeps these
+        return [(k[:rows, :, :length].clone(), v[:rows, :, :length].clone()) for k, v in kv], hidden[:canvas_rows]
 
     def _replay(
         self, key: tuple[object, ...], inputs: list[torch.Tensor], forward: Callable[[list[torch.Tensor]], Any]
@@ -176,8 +177,10 @@ def padded(
 
 
 def bucket(size: int) -> int:
-    """The power of two at or above ``size``."""
-    return 1 << (size - 1).bit_length()
+    """The smallest power of two, or three quarters of one, at or above ``size`` (1, 2, 3, 4, 6, 8,
+    12, ...): at most a third wasted, two graphs per doubling."""
+    power = 1 << (size - 1).bit_length()
+    return power * 3 // 4 if power >= 4 and size <= power * 3 // 4 else power
 
 
 def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

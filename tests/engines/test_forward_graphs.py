@@ -23,8 +23,8 @@ def model() -> DiffusionGemmaForBlockDiffusion:
     return tiny_diffusion_gemma(seed=0)
 
 
-def test_buckets_are_powers_of_two() -> None:
-    assert [bucket(n) for n in (1, 2, 3, 5, 8, 100, 128, 129)] == [1, 2, 4, 8, 8, 128, 128, 256]
+def test_buckets_are_powers_of_two_or_three_quarters_of_one() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 96, 100, 128, 129)] == [1, 2, 3, 6, 8, 96, 128, 128, 192]
 
 
 @pytest.mark.parametrize("new", [5, 20])  # within the sliding window's 15 held tokens, and past it
@@ -41,8 +41,8 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaF
     parent = engine.prefix_cache.get(schema)
     assert parent is not None
     held = config.sliding_window - 1
-    rows, canvas_rows, columns = 3, 5, 4  # padded to 4 rows, 8 canvas rows, new tokens to a power of two
-    own_rows = torch.tensor([0, 1, 1, 2, 0])
+    rows, canvas_rows, columns = 5, 5, 4  # padded to 6 rows, 6 canvas rows; 5 new tokens to 6, 20 to 24
+    own_rows = torch.tensor([0, 1, 1, 4, 3])
     length = len(schema) + new
     skip = max(0, (length - held) - (len(schema) - held))  # the shared sliding keys out of a canvas's window
     inputs = (
@@ -68,7 +68,7 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaF
     with torch.inference_mode():
         kv, hidden = encode_decode(*args, *inputs)
         padded_inputs = padded(*inputs)
-        assert padded_inputs[0].tokens.shape == (4, bucket(new)) and padded_inputs[1].tokens.shape == (8, columns)
+        assert padded_inputs[0].tokens.shape == (6, bucket(new)) and padded_inputs[1].tokens.shape == (6, columns)
         padded_kv, padded_hidden = encode_decode(*args, *padded_inputs)
     torch.testing.assert_close(padded_hidden[:canvas_rows], hidden, atol=1e-5, rtol=0)
     for (keys, values), (padded_keys, padded_values) in zip(kv, padded_kv, strict=True):
