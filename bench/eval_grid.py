@@ -11,11 +11,12 @@ name. Jobs start in priority order (``rank``), so the rows that matter most are 
 the GPU time may run out.
 
 Settings (issue 5, request fields): ``plain``; ``contextual``; ``temperature`` and ``binned``
-(fitted by ``slotread calibrate`` under one permutation); ``perm4``, ``perm8``, ``perm4-contextual``,
-``perm4-temperature`` (x_permutations; never for scores); a ``-shuffled`` twin shows a choice's
-options in a seeded random order (the flip rate). Issue 6, eval flags that learn from the train
-split (not BoolQ): ``ex8``/``ex24`` show 8/24 retrieved train examples, ``sl10`` reads 10 shortlisted
-options (choices only), ``ex8-sl10`` both; ``readout40``/``readout-all`` answer with a readout
+(fitted by ``slotread calibrate`` under one permutation); ``temperature-bal`` (the same, fitted with
+``--balance``: as many items of each class); ``perm4``, ``perm8``, ``perm16``, ``perm4-contextual``,
+``perm8-contextual``, ``perm4-temperature`` (x_permutations; never for scores); a ``-shuffled`` twin
+shows a choice's options in a seeded random order (the flip rate). Issue 6, eval flags that learn
+from the train split (not BoolQ): ``ex8``/``ex24`` show 8/24 retrieved train examples, ``sl10``
+reads 10 shortlisted options (choices only), ``ex8-sl10`` both; ``readout40``/``readout-all`` answer with a readout
 fitted by ``slotread fit`` on 40 items per class / all of them. ``clinc-full`` (CLINC150 test, 1,000
 of its 5,500 items out of scope) runs only the readouts and the baselines (``tfidf``, ``knn24``).
 """
@@ -42,6 +43,7 @@ class Setting:
     shuffled: bool = False  # options shown in a seeded random order (the flip-rate twin of a setting)
     flags: tuple[str, ...] = ()  # further eval flags
     per_class: int | None = None  # answers with a readout fitted on this many items per class (0: all)
+    balanced: bool = False  # its calibration artifact is fitted on as many items of each class (--balance)
 
     @property
     def learns(self) -> bool:
@@ -51,21 +53,28 @@ class Setting:
 
 PERM4: dict[str, object] = {"x_permutations": 4}
 PERM8: dict[str, object] = {"x_permutations": 8}
+PERM16: dict[str, object] = {"x_permutations": 16}
 CONTEXTUAL: dict[str, object] = {"x_calibration": "contextual"}
 TEMPERATURE: dict[str, object] = {"x_calibration": "temperature", "x_coverage": 0.9}
 SETTINGS = {
     "plain": Setting(),
     "contextual": Setting(CONTEXTUAL),
     "temperature": Setting(TEMPERATURE, permutations=1),
+    # BoolQ fits on dev_rest (64% yes) and is judged on the balanced dev_500: a fit on as many of each
+    "temperature-bal": Setting(TEMPERATURE, permutations=1, balanced=True),
     "binned": Setting({"x_calibration": "binned"}, permutations=1),  # the p1 artifact holds the bins too
     "perm4": Setting(PERM4),
     "perm4-temperature": Setting(PERM4 | TEMPERATURE, permutations=4),
     "perm8": Setting(PERM8),
+    "perm16": Setting(PERM16),
     "perm4-contextual": Setting(PERM4 | CONTEXTUAL),
+    "perm8-contextual": Setting(PERM8 | CONTEXTUAL),
     "plain-shuffled": Setting(shuffled=True),
     "perm4-shuffled": Setting(PERM4, shuffled=True),
     "perm8-shuffled": Setting(PERM8, shuffled=True),
+    "perm16-shuffled": Setting(PERM16, shuffled=True),
     "perm4-contextual-shuffled": Setting(PERM4 | CONTEXTUAL, shuffled=True),
+    "perm8-contextual-shuffled": Setting(PERM8 | CONTEXTUAL, shuffled=True),
     "ex8": Setting(flags=("--examples", "8")),
     "ex24": Setting(flags=("--examples", "24")),
     "sl10": Setting(flags=("--shortlist", "10")),
@@ -128,14 +137,18 @@ def order(key: str) -> int:
 
 def rank(model: str, key: str, name: str) -> tuple[int, ...]:
     """When a model's eval starts (lower first), so that the rows the GPU time must not miss come first:
-    model by model (q15 first), its readouts, binned, examples and shortlists, permutations, the rest."""
+    model by model (q15 first), its readouts, binned and BoolQ's balanced temperature (the ECE target
+    it missed), examples and shortlists, permutations, the rest, then 16 permutations and 8 with
+    contextual calibration (flip rates beyond the ones measured)."""
     setting = SETTINGS[name]
     if setting.per_class is not None and key in FIRST:
         tier = 1
-    elif name == "binned":
+    elif name == "binned" or (name == "temperature-bal" and key == "boolq"):
         tier = 2
     elif setting.flags:
         tier = 3
+    elif name.startswith(("perm16", "perm8-contextual")):
+        tier = 6
     elif name.startswith(("perm8", "perm4-contextual")) or (key == "b77" and name.startswith("perm4")):
         tier = 4
     else:
@@ -176,16 +189,14 @@ def prerequisite(out: Path, short: str, on: list[str], data: Data, setting: Sett
         name = f"{short}/fit/{data.dataset}/readout-p{setting.per_class}"
         return Job(name, command, fetch), ["--readout", str(folder)]
     if setting.permutations is not None:
-        folder = out / short / f"calibration-p{setting.permutations}"
+        fitted = f"p{setting.permutations}" + ("-bal" if setting.balanced else "")
+        folder = out / short / f"calibration-{fitted}"
         permuted = fields({"x_permutations": setting.permutations}) if setting.permutations > 1 else []
         command = slotread(
             "calibrate", *on, *source, "--limit", str(data.fit_limit), *exclusion, *permuted,
-            "--out", str(folder / f"{data.dataset}.json"),
+            *(["--balance"] if setting.balanced else []), "--out", str(folder / f"{data.dataset}.json"),
         )  # fmt: skip
-        return Job(f"{short}/fit/{data.dataset}/p{setting.permutations}", command, fetch), [
-            "--calibration",
-            str(folder),
-        ]
+        return Job(f"{short}/fit/{data.dataset}/{fitted}", command, fetch), ["--calibration", str(folder)]
     return None
 
 
@@ -300,7 +311,9 @@ FLIP_PAIRS = (
     ("plain", "plain-shuffled"),
     ("perm4", "perm4-shuffled"),
     ("perm8", "perm8-shuffled"),
+    ("perm16", "perm16-shuffled"),
     ("perm4-contextual", "perm4-contextual-shuffled"),
+    ("perm8-contextual", "perm8-contextual-shuffled"),
 )
 
 

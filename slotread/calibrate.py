@@ -8,7 +8,9 @@ reads (label logits in option order) give the temperature (``quality.calibration
 the top-label bins of the contextual answers (``fit_top_label_bins``: ``x_calibration: binned``)
 and, under each of none, contextual, temperature and binned calibration, the items' conformal scores
 1 − p(gold). The result is one artifact for (model, schema); ``fitted_on.ece`` records the in-sample
-ECE of the contextual answers before and after binning.
+ECE of the contextual answers before and after binning, ``fitted_on.class_counts`` the label prior the
+data had (a temperature fitted on one prior and served on another is off: ``datasets.balance`` draws
+data with the same count of every class, ``fitted_on.balanced``).
 
 Data that overlaps the evaluation split named by ``exclude`` is refused before anything is read: a
 calibration fitted on the items it is judged on would look better than it is.
@@ -25,7 +27,7 @@ import numpy as np
 from slotread.api.systemone import parse_request, to_decision
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
-from slotread.eval.datasets import Dataset, normalised
+from slotread.eval.datasets import Dataset, class_counts, normalised
 from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import QUESTION_ID, build_request
 from slotread.quality.answering import CONTENT_FREE_STATES
@@ -124,6 +126,8 @@ def calibrate(
     fitted_on = {
         "data": data.title,
         "sample": list(data.sample) if data.sample else None,
+        "balanced": data.balanced,
+        "class_counts": class_counts(data),
         "items": len(ids),
         "ids": ids,
         "ids_sha256": hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest(),

@@ -54,7 +54,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     from slotread.calibrate import calibrate, drop_overlap, refuse_overlap
     from slotread.decider import Decider
-    from slotread.eval.datasets import load_dataset, subset
+    from slotread.eval.datasets import balance, class_counts, load_dataset, subset
 
     data = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
     exclude = None
@@ -63,7 +63,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         if args.drop_overlap:
             data, dropped = drop_overlap(data, exclude)
             print(f"dropped {dropped} items of {args.dataset} that also appear in the excluded data")
-    data = subset(data, args.limit, args.sample_seed)
+    data = (balance if args.balance else subset)(data, args.limit, args.sample_seed)
     if exclude is not None:
         refuse_overlap(data, exclude)  # before loading the model
     decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
@@ -73,7 +73,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     numbers = fit.summary()
     ece = fit.calibration.fitted_on["ece"]
     print(
-        f"{decider.name}, schema {fit.calibration.schema[:16]}, {len(data.items)} items: "
+        f"{decider.name}, schema {fit.calibration.schema[:16]}, {len(data.items)} items"
+        f"{f' ({min(class_counts(data).values())} of each class)' if data.balanced else ''}: "
         f"temperature {fit.calibration.temperature:.4f} (NLL {numbers['nll_raw']:.4f} -> {numbers['nll_fitted']:.4f}, "
         f"raw accuracy {numbers['accuracy']:.1%}); content-free shifts {sorted(fit.calibration.content_free)}; "
         f"in-sample ECE {ece['contextual']:.3f} contextual -> {ece['binned']:.3f} binned "
@@ -696,19 +697,31 @@ def build_parser() -> argparse.ArgumentParser:
     fit = commands.add_parser(
         "calibrate",
         help="fit one question's calibration (temperature, content-free reads, conformal scores) and write it",
-        description="slotread calibrate --dataset NAME [--split S] [--exclude NAME --exclude-split S] --out FILE",
+        description="slotread calibrate --dataset NAME [--split S] [--limit N] [--balance] "
+        "[--exclude NAME --exclude-split S] --out FILE",
     )
     fit.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
     )
     fit.add_argument(
-        "--dataset", required=True, help="banking77, clinc150, sst5, or a labelled .jsonl/.csv file to fit on"
+        "--dataset", required=True, help="banking77, clinc150, sst5, boolq, or a labelled .jsonl/.csv file to fit on"
     )
-    fit.add_argument("--split", help="split of a built-in dataset to fit on (e.g. train; default: its eval split)")
+    fit.add_argument(
+        "--split", help="split of a built-in dataset to fit on (e.g. train, boolq: dev_rest; default: its eval split)"
+    )
     fit.add_argument("--question", type=Path, help="question file (a System One question object) for a labelled file")
     _add_exclusion_arguments(fit)
     _add_item_arguments(
         fit, "fit on", "a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)"
+    )
+    fit.add_argument(
+        "--balance",
+        action="store_true",
+        help="fit on the same number of items of every class, for traffic whose classes are balanced or unknown: "
+        "after --drop-overlap, each class's items are sampled at random (seeded by --sample-seed) down to the "
+        "smallest class's count, or to --limit // (number of classes) when --limit is given and that is fewer "
+        "(so at most --limit items); refuses (exit 1) data where a class has no items. Without it --limit "
+        "samples items whatever their class, so the fit keeps the data's label prior",
     )
     fit.add_argument("--out", type=Path, required=True, help="the artifact to write (a JSON file)")
     fit.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")

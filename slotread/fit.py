@@ -23,10 +23,9 @@ The data is an evaluation ``Dataset`` (a built-in split or a labelled file with 
 from __future__ import annotations
 
 import hashlib
-import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ from slotread.core.aggregate import softmax
 from slotread.core.decide import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
-from slotread.eval.datasets import Dataset
+from slotread.eval.datasets import Dataset, per_class_sample
 from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import build_request, option_names
 from slotread.prompt.render import Layout, Renderer
@@ -59,18 +58,6 @@ class ReadoutFit:
 
     readout: Readout
     metrics: dict[str, float]
-
-
-def per_class_sample(data: Dataset, per_class: int | None, seed: int) -> Dataset:
-    """At most ``per_class`` items of each class, drawn with ``random.Random(seed)``, kept in file order."""
-    if per_class is None:
-        return data
-    by_class: dict[int, list[int]] = {}
-    for index, item in enumerate(data.items):
-        by_class.setdefault(item.gold, []).append(index)
-    rng = random.Random(seed)
-    kept = sorted(i for members in by_class.values() for i in rng.sample(members, min(per_class, len(members))))
-    return replace(data, items=tuple(data.items[i] for i in kept))
 
 
 def holdout_split(gold: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -110,3 +110,59 @@ def test_the_command_writes_the_artifact_and_refuses_overlap_with_exit_2(
     assert "wrote" in printed and "in-sample ECE" in printed and "binned (1 bins)" in printed
     artifact = Calibration.load(tmp_path / "cal.json")
     assert artifact.fitted_on["items"] == 2 and artifact.permutations == 2 and artifact.temperature is not None
+    # the data's label prior is recorded as it was (an empty class as 0)
+    assert artifact.fitted_on["balanced"] is False
+    assert artifact.fitted_on["class_counts"] == {"refund": 1, "card": 1, "other": 0}
+
+
+def test_balance_fits_on_the_same_count_of_every_class_and_refuses_a_missing_class_with_exit_1(
+    smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
+    texts = [
+        ("I want my money back", "refund"),
+        ("Refund my order please", "refund"),
+        ("Give me a refund now", "refund"),
+        ("My card never arrived", "card"),
+        ("I lost my card", "card"),
+        ("What are your opening hours", "other"),
+        ("Do you sell shoes", "other"),
+    ]
+    rows = [{"id": f"r{i}", "text": text, "label": label} for i, (text, label) in enumerate(texts)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "refunds.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:5]))
+    command = [
+        "--cache-dir",
+        str(cache_dir),
+        "calibrate",
+        "--model",
+        smollm2.name,
+        "--question",
+        str(tmp_path / "q.json"),
+    ]
+    # no 'other' item: nothing to balance against, refused before the model loads
+    missing = [*command, "--dataset", str(tmp_path / "refunds.jsonl"), "--balance", "--out", str(tmp_path / "no.json")]
+    assert main(missing) == 1
+    err = capsys.readouterr().err
+    assert "has no items of class 'other' (of 3 classes)" in err and "Traceback" not in err
+    assert not (tmp_path / "no.json").exists()
+    # --limit 4 over 3 classes: 4 // 3 = 1 item of each class
+    assert (
+        main(
+            [
+                *command,
+                "--dataset",
+                str(tmp_path / "train.jsonl"),
+                "--balance",
+                "--limit",
+                "4",
+                "--out",
+                str(tmp_path / "cal.json"),
+            ]
+        )
+        == 0
+    )
+    assert "3 items (1 of each class)" in capsys.readouterr().out
+    fitted_on = Calibration.load(tmp_path / "cal.json").fitted_on
+    assert fitted_on["balanced"] is True and fitted_on["class_counts"] == {"refund": 1, "card": 1, "other": 1}
+    assert fitted_on["items"] == 3 and fitted_on["sample"] == [3, 0]

@@ -13,7 +13,7 @@ from slotread.core.decide import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task
-from slotread.fit import fit_readout, holdout_split, per_class_sample
+from slotread.fit import fit_readout, holdout_split
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import schema_hash
 from slotread.quality.examples import ExampleBank
@@ -46,10 +46,7 @@ def body(state: str, **fields: Any) -> dict[str, Any]:
     return {"state": state, "questions": {"answer": QUESTION}, **fields}
 
 
-def test_sampling_and_the_held_out_split_are_stratified_and_seeded() -> None:
-    sampled = per_class_sample(DATA, 2, seed=0)
-    assert sorted(item.gold for item in sampled.items) == [0, 0, 1, 1, 2, 2]
-    assert per_class_sample(DATA, 2, seed=0) == sampled and per_class_sample(DATA, None, 0) == DATA
+def test_the_held_out_split_is_stratified_and_seeded() -> None:
     gold = np.array([item.gold for item in DATA.items])
     train, held = holdout_split(gold, 0.25, seed=0)
     assert sorted(gold[held].tolist()) == [0, 1, 2]  # round(0.25 · 12) = 3 items, one per class

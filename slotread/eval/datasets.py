@@ -97,7 +97,8 @@ class Item:
 class Dataset:
     """A split of a dataset: its name (a built-in name or a file path), the task and the items.
 
-    ``sample`` is (limit, seed) when the items are a seeded sample of the split (see ``subset``).
+    ``sample`` is (limit, seed) when the items are a seeded sample of the split (see ``subset``);
+    ``balanced`` is true when they hold the same number of items of every class (see ``balance``).
     """
 
     name: str
@@ -105,6 +106,7 @@ class Dataset:
     task: Task
     items: tuple[Item, ...]
     sample: tuple[int, int] | None = None
+    balanced: bool = False
 
     @property
     def title(self) -> str:
@@ -338,3 +340,48 @@ def subset(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
         return dataset
     picked = sorted(random.Random(seed).sample(range(len(dataset.items)), limit))
     return replace(dataset, items=tuple(dataset.items[i] for i in picked), sample=(limit, seed))
+
+
+def per_class_sample(data: Dataset, per_class: int | None, seed: int) -> Dataset:
+    """At most ``per_class`` items of each class, drawn with ``random.Random(seed)``, kept in file order."""
+    if per_class is None:
+        return data
+    by_class: dict[int, list[int]] = {}
+    for index, item in enumerate(data.items):
+        by_class.setdefault(item.gold, []).append(index)
+    rng = random.Random(seed)
+    kept = sorted(i for members in by_class.values() for i in rng.sample(members, min(per_class, len(members))))
+    return replace(data, items=tuple(data.items[i] for i in kept))
+
+
+def class_counts(dataset: Dataset) -> dict[str, int]:
+    """How many items each class has, every class of the task named (in class order), empty ones as 0."""
+    counts = dict.fromkeys(dataset.task.classes, 0)
+    for item in dataset.items:
+        counts[dataset.task.classes[item.gold]] += 1
+    return counts
+
+
+def balance(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
+    """The same number of items of every class, drawn by ``per_class_sample`` with ``seed``, kept in file order.
+
+    Each class keeps as many items as the smallest class has, or ``limit // classes`` when ``limit`` is
+    given and that is fewer, so at most ``limit`` items. The result is marked ``balanced``, and as a
+    ``sample`` (its size and seed: ``balance`` with that size and seed draws it again) when items are left out.
+    Raises EvalError when a class has no items or ``limit`` is below the number of classes.
+    """
+    counts = class_counts(dataset)
+    if empty := [name for name, count in counts.items() if count == 0]:
+        shown = ", ".join(map(repr, empty[:5])) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        raise EvalError(
+            f"{dataset.title} has no items of class {shown} (of {len(counts)} classes): "
+            "a balanced sample needs items of every class"
+        )
+    per_class = min(counts.values())
+    if limit is not None:
+        if limit < len(counts):
+            raise EvalError(f"a balanced sample of {len(counts)} classes needs a limit of at least {len(counts)}")
+        per_class = min(per_class, limit // len(counts))
+    drawn = per_class_sample(dataset, per_class, seed)
+    sample = (len(drawn.items), seed) if len(drawn.items) < len(dataset.items) else dataset.sample
+    return replace(drawn, sample=sample, balanced=True)

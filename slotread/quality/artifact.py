@@ -16,7 +16,9 @@
 
 Every part but ``model``, ``schema`` and ``question`` is optional: the server writes artifacts that
 hold only content-free distributions; ``slotread calibrate`` writes all of it. ``fitted_on.request``
-holds the read options the temperature, bins and conformal scores were fitted under.
+holds the read options the temperature, bins and conformal scores were fitted under;
+``fitted_on.class_counts`` the items of each class, and ``fitted_on.balanced`` whether they were drawn
+class-balanced (``slotread calibrate --balance``). Older artifacts lack both.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Dataset loaders on small files written here in each real format (the data itself is never committed)."""
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,13 @@ from slotread.eval.datasets import (
     BOOLQ_QUESTION,
     CLINC150_OUT_OF_SCOPE,
     SST5_LEVELS,
+    Dataset,
+    Item,
+    Task,
+    balance,
+    class_counts,
     load_dataset,
+    per_class_sample,
     readable,
     resolve_data_dir,
     subset,
@@ -182,6 +190,50 @@ def test_subset_is_seeded_and_keeps_file_order(tmp_path: Path) -> None:
     assert len(ids) == 3 and ids == sorted(ids)
     assert {tuple(item.id for item in subset(dataset, 3, seed=s).items) for s in range(10)} != {tuple(map(str, ids))}
     assert subset(dataset, 100, seed=1) == dataset and subset(dataset, None, seed=1) == dataset
+
+
+NOUL = Task("noul", {"type": "noul", "instructions": "Urgent?"}, ("yes", "no"))
+# 7 yes, 3 no, as BoolQ's dev_rest leans to yes (64%)
+LEANING = Dataset("d.jsonl", None, NOUL, tuple(Item(str(i), f"text {i}", 0 if i < 7 else 1) for i in range(10)))
+
+
+def test_per_class_sample_keeps_at_most_that_many_of_each_class_seeded_in_file_order() -> None:
+    sampled = per_class_sample(LEANING, 4, seed=0)
+    assert [item.gold for item in sampled.items] == [0, 0, 0, 0, 1, 1, 1]  # 4 of 7 yes, all 3 no
+    assert sampled == per_class_sample(LEANING, 4, seed=0) and per_class_sample(LEANING, None, 0) == LEANING
+
+
+def test_balance_keeps_the_smallest_class_count_of_every_class() -> None:
+    assert class_counts(LEANING) == {"yes": 7, "no": 3}
+    balanced = balance(LEANING, None, seed=0)
+    assert class_counts(balanced) == {"yes": 3, "no": 3} and balanced.balanced
+    assert balanced.sample == (6, 0) and [item.id for item in balanced.items][-3:] == ["7", "8", "9"]
+    ids = [int(item.id) for item in balanced.items]
+    assert ids == sorted(ids) and balance(LEANING, None, seed=0) == balanced
+    assert balance(LEANING, 6, seed=0) == balanced  # a sample's (size, seed) draws it again
+    assert {tuple(item.id for item in balance(LEANING, None, seed=s).items) for s in range(10)} != {
+        tuple(map(str, ids))
+    }
+
+
+def test_a_limit_keeps_its_share_of_every_class() -> None:
+    # limit 5 over 2 classes: 5 // 2 = 2 of each, 4 items (never 3 and 2)
+    assert class_counts(balance(LEANING, 5, seed=1)) == {"yes": 2, "no": 2}
+    # a limit above the balanced size changes nothing
+    assert balance(LEANING, 100, seed=0) == balance(LEANING, None, seed=0)
+    # balanced data is kept whole: marked balanced, and not a sample when it was not one
+    even = balance(LEANING, 6, seed=0)
+    assert balance(even, None, seed=3) == even
+    whole = Dataset("d.jsonl", None, NOUL, LEANING.items[4:])
+    assert balance(whole, None, seed=3) == replace(whole, balanced=True) and balance(whole, None, seed=3).sample is None
+
+
+def test_balance_refuses_a_class_without_items_and_a_limit_below_the_classes() -> None:
+    only_yes = Dataset("d.jsonl", None, NOUL, LEANING.items[:7])
+    with pytest.raises(EvalError, match=re.escape("d.jsonl has no items of class 'no' (of 2 classes)")):
+        balance(only_yes, None, seed=0)
+    with pytest.raises(EvalError, match="a balanced sample of 2 classes needs a limit of at least 2"):
+        balance(LEANING, 1, seed=0)
 
 
 def test_the_data_dir_comes_from_the_flag_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
