@@ -266,7 +266,8 @@ def done(job: Job) -> bool:
 def execute(jobs: list[Job], out: Path, parallel: int) -> int:
     # Each job gets its share of the CPU threads: torch's default (one per core in every process) left
     # the readout fits' L-BFGS spinning on an oversubscribed 16-core host (1,268 s against 11.5 s on 2 cores alone).
-    threads = str(max(1, (os.cpu_count() or 1) // parallel))
+    # The cores are those this process may use, so grids pinned to disjoint cores (taskset) share the host.
+    threads = str(max(1, len(os.sched_getaffinity(0)) // parallel))
     environment = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     out.mkdir(parents=True, exist_ok=True)
     finished = {job.name for job in jobs if done(job)}
