@@ -98,7 +98,7 @@ def cross_fitted(
     folds = max(1, min(folds, len(states)))
     found = np.zeros((len(states), len(bank.question.options)))
     for fold in range(folds):
-        members = np.arange(fold, len(states), folds)
+        members = list(range(fold, len(states), folds))
         unseen = {states[i] for i in members}
         kept = [i for i, example in enumerate(bank.examples) if example.state not in unseen]
         classifier = fit_text_classifier([bank.examples[i].state for i in kept], bank.labels[kept], found.shape[1])

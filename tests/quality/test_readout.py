@@ -12,9 +12,9 @@ from slotread.core.answers import Answer, Read
 from slotread.core.questions import Decision, Option, Question
 from slotread.errors import CalibrationError, InvalidRequest
 from slotread.quality.artifact import schema_hash
-from slotread.quality.logistic import LogisticHead
 from slotread.quality.examples import ExampleBank, ExampleBanks
 from slotread.quality.lexical import bank_classifier, floored
+from slotread.quality.logistic import LogisticHead
 from slotread.quality.readout import Readout, ReadoutStore, banked_in, read_features
 
 QUESTION = Question("q", "choice", "Which?", (Option("a"), Option("b")))
