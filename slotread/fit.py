@@ -212,18 +212,20 @@ def fit_readout(
         lexical_seconds = time.perf_counter() - lexical_started
     temperature, fitted_weights = fit_fusion(scores, list(partners.values()), gold[held])
     weights = dict(zip(partners, fitted_weights, strict=True))
-    offset = sum((weights[name] * np.log(p)[:, None, :] for name, p in partners.items()), np.zeros(1))
+    fused = scores / temperature  # the readout's logits on the held-out items, (held, R, n)
+    for name, p in partners.items():
+        fused = fused + weights[name] * np.log(p)[:, None, :]
     train_seconds = time.perf_counter() - started
 
     def accuracy(p: np.ndarray) -> float:
         return float((p.argmax(axis=-1) == gold[held]).mean())
 
-    readout_p = softmax(scores / temperature + offset).mean(axis=1)  # (held, n)
+    readout_p = softmax(fused).mean(axis=1)  # (held, n)
     plain_p = softmax(logits[held]).mean(axis=1)
     metrics = {
         "held_out_items": float(len(held)),
         "accuracy": accuracy(readout_p),
-        "nll": mean_nll(scores / temperature + offset, gold[held]),
+        "nll": mean_nll(fused, gold[held]),
         "ece": expected_calibration_error(readout_p, gold[held]),
         "plain_accuracy": accuracy(plain_p),
         "plain_ece": expected_calibration_error(plain_p, gold[held]),

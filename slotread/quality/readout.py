@@ -236,7 +236,9 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
     lexical = data.get("lexical")  # absent from artifacts fitted before the lexical partner
     lexical_weight = None if lexical is None else float(lexical["weight"])
     lexical_examples = 0 if lexical is None else int(lexical["examples"])
-    if lexical_weight is not None and not (math.isfinite(lexical_weight) and lexical_weight >= 0 < lexical_examples):
+    if lexical_weight is not None and not (
+        math.isfinite(lexical_weight) and lexical_weight >= 0 and lexical_examples > 0
+    ):
         raise ValueError(f"the lexical weight must not be negative nor its bank empty, got {lexical}")
     return Readout(
         model=str(data["model"]),
