@@ -16,9 +16,11 @@ Settings (issue 5, request fields): ``plain``; ``contextual``; ``temperature`` a
 ``perm8-contextual``, ``perm4-temperature`` (x_permutations; never for scores); a ``-shuffled`` twin
 shows a choice's options in a seeded random order (the flip rate). Issue 6, eval flags that learn
 from the train split (not BoolQ): ``ex8``/``ex24`` show 8/24 retrieved train examples, ``sl10``
-reads 10 shortlisted options (choices only), ``ex8-sl10`` both; ``readout40``/``readout-all`` answer with a readout
-fitted by ``slotread fit`` on 40 items per class / all of them. ``clinc-full`` (CLINC150 test, 1,000
-of its 5,500 items out of scope) runs only the readouts and the baselines (``tfidf``, ``knn24``).
+reads 10 shortlisted options (choices only), ``ex8-sl10`` both; ``readout40``/``readout-all`` answer
+with a readout fitted by ``slotread fit`` on 40 items per class / all of them (fused with the
+24-neighbour vote), ``readout40-lex`` with one that also fuses the lexical classifier (``--lexical``:
+TF-IDF + logistic regression on the train split). ``clinc-full`` (CLINC150 test, 1,000 of its 5,500
+items out of scope) runs only the readouts and the baselines (``tfidf``, ``knn24``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Setting:
     flags: tuple[str, ...] = ()  # further eval flags
     per_class: int | None = None  # answers with a readout fitted on this many items per class (0: all)
     balanced: bool = False  # its calibration artifact is fitted on as many items of each class (--balance)
+    lexical: bool = False  # the readout also fuses the lexical classifier (slotread fit --lexical)
 
     @property
     def learns(self) -> bool:
@@ -81,6 +84,7 @@ SETTINGS = {
     "ex8-sl10": Setting(flags=("--examples", "8", "--shortlist", "10")),
     "readout40": Setting(per_class=40),
     "readout-all": Setting(per_class=0),
+    "readout40-lex": Setting(per_class=40, lexical=True),
 }
 
 
@@ -109,7 +113,14 @@ DATASETS = {
     "b77-154": Data("banking77", "subset154", None, "choice", "train", 1000, "test"),
     # the out-of-scope recall target is judged on all 5,500 items: readouts against the baselines only
     "clinc-full": Data(
-        "clinc150", "test", None, "choice", "train", 1500, "test", settings=frozenset({"readout40", "readout-all"})
+        "clinc150",
+        "test",
+        None,
+        "choice",
+        "train",
+        1500,
+        "test",
+        settings=frozenset({"readout40", "readout-all", "readout40-lex"}),
     ),
 }
 
@@ -180,13 +191,14 @@ def prerequisite(out: Path, short: str, on: list[str], data: Data, setting: Sett
     exclusion = ["--exclude", data.dataset, "--exclude-split", data.exclude_split, "--drop-overlap"]
     fetch = [f"{short}/fetch"]
     if setting.per_class is not None:
-        folder = out / short / f"readout-{data.dataset}-p{setting.per_class}"
+        variant = f"p{setting.per_class}" + ("-lex" if setting.lexical else "")
+        folder = out / short / f"readout-{data.dataset}-{variant}"
         # --vote 24: the head is fused with the label vote of the knn24 baseline's 24 neighbours
         command = slotread(
             "fit", *on, *source, *exclusion, "--layout", "schema_first", "--per-class", str(setting.per_class),
-            "--vote", "24", "--batch-size", "64", "--out", str(folder),
+            "--vote", "24", *(["--lexical"] if setting.lexical else []), "--batch-size", "64", "--out", str(folder),
         )  # fmt: skip
-        name = f"{short}/fit/{data.dataset}/readout-p{setting.per_class}"
+        name = f"{short}/fit/{data.dataset}/readout-{variant}"
         return Job(name, command, fetch), ["--readout", str(folder)]
     if setting.permutations is not None:
         fitted = f"p{setting.permutations}" + ("-bal" if setting.balanced else "")

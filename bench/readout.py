@@ -1,12 +1,15 @@
 """Learned readouts: time of a BANKING77 fit, and what the fitted head adds to a decision's latency.
 
-    python bench/readout.py --model smollm2-135m-instruct --per-class 4 --layout state_first schema_first [--vote 24]
+    python bench/readout.py --model smollm2-135m-instruct --per-class 4 --layout state_first schema_first \
+        [--vote 24] [--lexical]
 
 For each layout: fits a readout on BANKING77 train (``--per-class`` items per intent, 20% held out,
-test excluded; with ``--vote K`` fused with the K-neighbour vote of the train bank) and prints its
-reading and training time and held-out numbers; then answers ``--items`` test messages with and
-without ``x_readout`` (prefix cache warm) and prints the median decision latency of each and the
-head's own time per answer (``Readout.answer``, with the bank's vote when there is one).
+test excluded; with ``--vote K`` fused with the K-neighbour vote of the train bank, with ``--lexical``
+with the TF-IDF classifier of the train bank) and prints its reading and training time and held-out
+numbers; then answers ``--items`` test messages with and without ``x_readout`` (prefix cache warm)
+and prints the median decision latency of each and the head's own time per answer
+(``Readout.answer``, with the bank's vote and the lexical classifier's q̃ when it has them; the
+classifier's fit when the readout is loaded is printed apart).
 """
 
 from __future__ import annotations
@@ -45,14 +48,18 @@ def bench_layout(loaded: LoadedModel, layout: Layout, args: argparse.Namespace) 
         exclude=test,
         drop_overlap=True,
         vote=args.vote,
+        lexical=args.lexical,
         progress=False,
     )
     fit_seconds = time.perf_counter() - started
     bank = bank_from_dataset(train, test)
+    banked = fit.readout.banked
     with tempfile.TemporaryDirectory() as directory:
         fit.readout.save(Path(directory))
-        # the same weights, its own prefix cache
-        served = Decider(loaded, readout_dir=Path(directory), example_banks=[bank] if args.vote else [])
+        # the same weights, its own prefix cache (and the lexical classifier fitted on the bank)
+        started = time.perf_counter()
+        served = Decider(loaded, readout_dir=Path(directory), example_banks=[bank] if banked else [])
+        load_seconds = time.perf_counter() - started
     items = subset(test, args.items, 0).items
     plain, readout, head = [], [], []
     for item in items:
@@ -67,13 +74,16 @@ def bench_layout(loaded: LoadedModel, layout: Layout, args: argparse.Namespace) 
         answer = served.answer({**request, "x_readout": True}).answers[QUESTION_ID]
         assert answer is not None
         started = time.perf_counter()
-        fit.readout.answer(answer, bank.vote(item.state, args.vote) if args.vote else None)
+        vote = bank.vote(item.state, args.vote) if args.vote else None
+        lexical = served.readouts.lexical(fit.readout.schema, item.state) if args.lexical else None
+        fit.readout.answer(answer, vote, lexical)
         head.append(time.perf_counter() - started)
     metrics = fit.metrics
     return {
         "layout": layout,
         "items": fit.readout.fitted_on["items"],
         "fit_s": fit_seconds,
+        "load_s": load_seconds,
         "read_s_per_item": metrics["read_seconds"] / fit.readout.fitted_on["items"],
         "train_s": metrics["train_seconds"],
         "accuracy": metrics["accuracy"],
@@ -92,6 +102,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=20, help="test messages timed (default 20)")
     parser.add_argument("--layout", nargs="+", default=["state_first"], help="prompt layouts to fit in")
     parser.add_argument("--vote", type=int, default=0, help="fuse the K-neighbour vote of the train bank (default 0)")
+    parser.add_argument("--lexical", action="store_true", help="fuse the TF-IDF classifier of the train bank")
     parser.add_argument("--data-dir", type=Path, help="folder of the built-in datasets")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype")
@@ -99,17 +110,19 @@ def main() -> None:
     loaded = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     print(
         f"{args.model}, {torch.get_num_threads()} threads, {args.device} {args.dtype}, "
-        f"{args.per_class} per intent, {args.items} timed test items, vote of {args.vote} neighbours\n"
+        f"{args.per_class} per intent, {args.items} timed test items, vote of {args.vote} neighbours"
+        f"{', lexical classifier' if args.lexical else ''}\n"
     )
     print(
-        "| layout | items | fit s | read s/item | train s | held-out acc (plain) | ECE "
-        "| decide ms | x_readout decide ms | head (+ vote) ms |"
+        "| layout | items | fit s | load s | read s/item | train s | held-out acc (plain) | ECE "
+        "| decide ms | x_readout decide ms | head (+ partners) ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for layout in args.layout:
         row = bench_layout(loaded, layout, args)
         print(
-            f"| {row['layout']} | {row['items']} | {row['fit_s']:.0f} | {row['read_s_per_item']:.2f} "
+            f"| {row['layout']} | {row['items']} | {row['fit_s']:.0f} | {row['load_s']:.1f} "
+            f"| {row['read_s_per_item']:.2f} "
             f"| {row['train_s']:.1f} | {row['accuracy']:.1%} ({row['plain_accuracy']:.1%}) | {row['ece']:.3f} "
             f"| {row['decide_ms']:.0f} | {row['readout_decide_ms']:.0f} | {row['head_ms']:.2f} |",
             flush=True,

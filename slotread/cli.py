@@ -116,6 +116,7 @@ def _fit(args: argparse.Namespace) -> int:
         exclude=exclude,
         drop_overlap=args.drop_overlap,
         vote=args.vote,
+        lexical=args.lexical,
         batch_size=args.batch_size,
         progress=not args.no_progress,
     )
@@ -127,10 +128,16 @@ def _fit(args: argparse.Namespace) -> int:
         f"{readout.layout}, features {readout.features}, L2 {readout.l2:g}, "
         f"temperature {readout.temperature:.3f}\n"
         f"held out: accuracy {m['accuracy']:.1%} (plain read {m['plain_accuracy']:.1%}"
-        + (f", head alone {m['head_accuracy']:.1%}, vote alone {m['vote_accuracy']:.1%}" if args.vote else "")
+        + (f", head alone {m['head_accuracy']:.1%}" if "head_accuracy" in m else "")
+        + (f", vote alone {m['vote_accuracy']:.1%}" if "vote_accuracy" in m else "")
+        + (f", lexical alone {m['lexical_accuracy']:.1%}" if "lexical_accuracy" in m else "")
         + "), "
         f"ECE {m['ece']:.3f} (plain read {m['plain_ece']:.3f}), NLL {m['nll']:.3f}\n"
-        f"reading {m['read_seconds']:.1f} s, training {m['train_seconds']:.1f} s; wrote {path}"
+        f"reading {m['read_seconds']:.1f} s, training {m['train_seconds']:.1f} s"
+        + (f" (cross-fitting the lexical classifier {m['lexical_seconds']:.1f} s)" if "lexical_seconds" in m else "")
+        + (f"; weights: vote {readout.vote_weight:.3f}" if readout.vote_neighbours else "")
+        + (f"; lexical {readout.lexical_weight:.3f}" if readout.lexical_weight is not None else "")
+        + f"; wrote {path}"
     )
     return 0
 
@@ -307,7 +314,7 @@ def _read_example_bank(path: Path) -> ExampleBank:
 def _eval(args: argparse.Namespace) -> int:
     from slotread.eval.datasets import Dataset, fitting_split, load_dataset, subset
     from slotread.eval.report import format_table
-    from slotread.quality.readout import votes_in
+    from slotread.quality.readout import banked_in
 
     if args.dataset is None or args.out is None:
         print("slotread eval: --dataset and --out are required", file=sys.stderr)
@@ -322,14 +329,15 @@ def _eval(args: argparse.Namespace) -> int:
         split = fitting_split(args.dataset) if args.train is None else None
         return load_dataset(args.train or args.dataset, split, data_dir=args.data_dir, question=args.question)
 
-    voting = args.readout is not None and args.baseline is None and votes_in(args.readout)
-    uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn" or voting)
+    banked = args.readout is not None and args.baseline is None and banked_in(args.readout)
+    uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn" or banked)
     if args.baseline == "tfidf" and (args.examples or args.shortlist or args.example_bank):
         print("slotread eval: the TF-IDF baseline shows no examples; drop --examples/--shortlist", file=sys.stderr)
         return 1
     if args.example_bank is not None and not uses_bank:
         print(
-            "slotread eval: --example-bank serves --examples, --shortlist, --baseline knn or a --readout with a vote",
+            "slotread eval: --example-bank serves --examples, --shortlist, --baseline knn or a --readout that "
+            "reads a bank (--vote, --lexical)",
             file=sys.stderr,
         )
         return 1
@@ -468,7 +476,7 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--readout",
         type=Path,
         help="directory of learned readouts (slotread fit --out) to answer with; sets x_readout=true. A readout "
-        "fitted with --vote reads the vote of the train split's bank (or --example-bank)",
+        "fitted with --vote or --lexical reads the train split's bank (or --example-bank)",
     )
     evaluate.add_argument(
         "--shuffle-options",
@@ -574,6 +582,14 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "temperature); the readout then answers only where its bank is served (serve --example-bank; eval "
         "builds it from the train split). Default 0: no vote",
     )
+    fit.add_argument(
+        "--lexical",
+        action="store_true",
+        help="add the log-probabilities of a TF-IDF + logistic-regression classifier of the state's text, trained "
+        "on the example bank of all the fitting data (weight fitted with the temperature and the vote; held-out "
+        "items answered by 5-fold cross-fitting). Served only with the bank, on which the classifier is "
+        "refitted when the readout is loaded",
+    )
     fit.add_argument("--batch-size", type=int, default=16, help="items per engine call while reading (default 16)")
     fit.add_argument("--out", type=Path, required=True, help="directory to write the readout into")
     fit.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
@@ -617,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FILE",
-        help="example bank serving x_examples, x_shortlist and readouts fitted with --vote "
+        help="example bank serving x_examples, x_shortlist and readouts fitted with --vote or --lexical "
         "(as slotread serve takes it); repeatable",
     )
     decide.set_defaults(run=_decide)
@@ -676,7 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="example bank (JSON Lines: a header with the question, then {state, answer} lines; see README) "
-        "serving x_examples, x_shortlist and readouts fitted with --vote for its question schema; repeatable",
+        "serving x_examples, x_shortlist and readouts fitted with --vote or --lexical for its question schema; "
+        "repeatable",
     )
     serve.add_argument(
         "--upstream",

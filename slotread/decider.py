@@ -75,7 +75,9 @@ class Decider:
     loaded (CalibrationError if one is unreadable), and content-free distributions read while
     answering ``x_calibration: contextual`` are written back to it. ``readout_dir`` holds learned
     readouts (``slotread fit``) that requests with ``x_readout`` answer with; with upstreams only
-    those fitted on label logits alone can answer (a remote engine returns no hidden states).
+    those fitted on label logits alone can answer (a remote engine returns no hidden states); a readout
+    with a lexical partner (``slotread fit --lexical``) has its text classifier fitted here, on its
+    schema's bank in ``example_banks``.
 
     ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
     read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
@@ -137,7 +139,7 @@ class Decider:
         try:
             self.calibrations = CalibrationStore(self.name, calibration_dir)
             self.banks = ExampleBanks(example_banks)
-            self.readouts = ReadoutStore(self.name, readout_dir, hidden_states=not upstreams)
+            self.readouts = ReadoutStore(self.name, readout_dir, hidden_states=not upstreams, banks=self.banks)
         except (CalibrationError, ExampleBankError):
             self.close()
             raise

@@ -11,13 +11,13 @@ The data is an evaluation ``Dataset`` (a built-in split or a labelled file with 
 3. split the items, stratified by class and seeded, into a training part and ``holdout`` share;
 4. fit the logistic head (``quality.logistic``) on the training reads for each L2 strength given
    and keep the one with the lowest held-out NLL, then fit its temperature on the held-out items
-   (``quality.calibration.fit_temperature``); with ``vote``, the temperature and the vote's weight
-   together (``quality.readout.fit_vote_fusion``), each held-out item's vote taken from a bank of all
-   the data (before per-class sampling) without the item's own text;
+   (``quality.fusion.fit_fusion``); with ``vote`` or ``lexical``, the temperature and the partners'
+   weights together, on a bank of all the data (before per-class sampling): each held-out item's vote
+   without the item's own text, its lexical q̃ cross-fitted (``quality.lexical.cross_fitted``);
 5. report held-out accuracy, NLL and ECE of the readout beside the plain read (the label softmax)
-   on the same items (with a vote, also the head alone and the vote alone). The temperature (and
-   weight) is fitted on those items too (one or two parameters), so their numbers are slightly
-   optimistic: judge a readout with ``slotread eval``.
+   on the same items (with partners, also the head alone and each partner alone). The temperature
+   (and weights) are fitted on those items too (one to three parameters), so their numbers are
+   slightly optimistic: judge a readout with ``slotread eval``.
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import build_request, option_names
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.artifact import schema_hash
-from slotread.quality.calibration import fit_temperature, mean_nll
+from slotread.quality.calibration import mean_nll
 from slotread.quality.examples import ExampleBank
+from slotread.quality.fusion import fit_fusion
+from slotread.quality.lexical import FOLDS as LEXICAL_FOLDS
+from slotread.quality.lexical import cross_fitted
 from slotread.quality.logistic import LogisticHead, fit_logistic
-from slotread.quality.readout import Features, Readout, fit_vote_fusion, read_features
+from slotread.quality.readout import Features, Readout, read_features
 
 #: L2 strengths tried by default (on standardised features, per item of the mean loss).
 L2_GRID = (1e-3, 1e-2, 1e-1)
@@ -116,6 +119,7 @@ def fit_readout(
     exclude: Dataset | None = None,
     drop_overlap: bool = False,
     vote: int = 0,
+    lexical: bool = False,
     batch_size: int = 16,
     progress: bool = True,
 ) -> ReadoutFit:
@@ -124,7 +128,8 @@ def fit_readout(
     renders the reads (default: the model family's, as plain reads; see ``quality.readout``).
     ``drop_overlap`` drops the items that ``exclude`` holds instead of refusing the data (BANKING77's
     train split repeats 7 of its test messages). ``vote`` > 0 fits a readout that adds the label vote
-    of that many nearest example-bank examples (``quality.readout``); it is served with a bank.
+    of that many nearest example-bank examples (``quality.readout``); ``lexical`` one that adds a TF-IDF +
+    logistic regression classifier trained on the bank (``quality.lexical``). Either is served with a bank.
 
     Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, or read
     options x_readout refuses; ValueError for a holdout share outside (0, 1), a negative ``vote``
@@ -152,7 +157,7 @@ def fit_readout(
         raise ValueError("this engine returns no hidden states (a remote engine): fit with features 'logits'")
     (question,) = decision.questions
     bank = None
-    if vote:  # all the data, before per-class sampling, as a served bank holds every example
+    if vote or lexical:  # all the data, before per-class sampling, as a served bank holds every example
         names = option_names(data.task)
         pairs = [(item.state, names[item.gold]) for item in everything.items]
         bank = ExampleBank.from_pairs(question, decision.instructions, pairs, everything.title)
@@ -181,31 +186,44 @@ def fit_readout(
     fitted = [(fit_logistic(x_train, y_train, classes, strength), strength) for strength in l2]
     head, strength = min(fitted, key=lambda pair: mean_nll(held_scores(pair[0]), gold[held]))
     scores = held_scores(head)
-    if bank is not None:
-        votes = np.stack([bank.vote(data.items[i].state, vote, leave_out=True) for i in held])  # (held, n)
-        temperature, weight = fit_vote_fusion(scores, votes, gold[held])
-        offset = weight * np.log(votes)[:, None, :]
-    else:
-        temperature, weight, offset = fit_temperature(scores, gold[held]), 0.0, np.zeros(1)
+    partners: dict[str, np.ndarray] = {}  # each partner's distributions over the held-out items, (held, n)
+    lexical_seconds = 0.0
+    if bank is not None and vote:
+        partners["vote"] = np.stack([bank.vote(data.items[i].state, vote, leave_out=True) for i in held])
+    if bank is not None and lexical:
+        lexical_started = time.perf_counter()
+        folds = min(LEXICAL_FOLDS, len(held))
+        with tqdm(total=folds, desc="cross-fitting the lexical classifier", unit="fold", disable=not progress) as bar:
+            states = [data.items[i].state for i in held]
+            partners["lexical"] = cross_fitted(bank, states, folds, bar.update)
+        lexical_seconds = time.perf_counter() - lexical_started
+    temperature, fitted_weights = fit_fusion(scores, list(partners.values()), gold[held])
+    weights = dict(zip(partners, fitted_weights, strict=True))
+    fused = scores / temperature  # the readout's logits on the held-out items, (held, R, n)
+    for name, p in partners.items():
+        fused = fused + weights[name] * np.log(p)[:, None, :]
     train_seconds = time.perf_counter() - started
 
     def accuracy(p: np.ndarray) -> float:
         return float((p.argmax(axis=-1) == gold[held]).mean())
 
-    readout_p = softmax(scores / temperature + offset).mean(axis=1)  # (held, n)
+    readout_p = softmax(fused).mean(axis=1)  # (held, n)
     plain_p = softmax(logits[held]).mean(axis=1)
     metrics = {
         "held_out_items": float(len(held)),
         "accuracy": accuracy(readout_p),
-        "nll": mean_nll(scores / temperature + offset, gold[held]),
+        "nll": mean_nll(fused, gold[held]),
         "ece": expected_calibration_error(readout_p, gold[held]),
         "plain_accuracy": accuracy(plain_p),
         "plain_ece": expected_calibration_error(plain_p, gold[held]),
         "read_seconds": read_seconds,
         "train_seconds": train_seconds,
     }
-    if bank is not None:
-        metrics |= {"head_accuracy": accuracy(scores.mean(axis=1)), "vote_accuracy": accuracy(votes)}
+    if partners:
+        metrics["head_accuracy"] = accuracy(scores.mean(axis=1))
+        metrics |= {f"{name}_accuracy": accuracy(p) for name, p in partners.items()}
+    if lexical:
+        metrics["lexical_seconds"] = lexical_seconds
     ids = [item.id for item in data.items]
     readout = Readout(
         model=decider.name,
@@ -219,7 +237,9 @@ def fit_readout(
         temperature=temperature,
         l2=strength,
         vote_neighbours=vote,
-        vote_weight=weight,
+        vote_weight=weights.get("vote", 0.0),
+        lexical_weight=weights.get("lexical"),
+        lexical_examples=len(bank) if lexical and bank is not None else 0,
         fitted_on={
             "data": data.title,
             "items": len(ids),

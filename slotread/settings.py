@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with
     readout_dir: Path | None = None
     #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
-    #: x_shortlist and readouts fitted with a vote
+    #: x_shortlist and readouts fitted with a vote or a lexical partner
     example_banks: list[Path] = Field(default_factory=list)
 
     @field_validator("upstreams", mode="before")

@@ -17,6 +17,8 @@ from slotread.fit import fit_readout, holdout_split
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import schema_hash
 from slotread.quality.examples import ExampleBank
+from slotread.quality.fusion import WEIGHT_MAX
+from slotread.quality.lexical import bank_classifier, floored
 from slotread.quality.readout import Readout
 
 QUESTION: dict[str, Any] = {
@@ -189,3 +191,36 @@ def test_a_readout_with_a_vote_answers_with_its_bank_and_eval_builds_the_bank(
     assert main([*command, "--readout", str(tmp_path / "readouts"), "--out", str(tmp_path / "run")]) == 0
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert "without the 1 texts" in run["example_bank"]["source"] and run["example_bank"]["examples"] == 11
+
+
+def test_a_lexical_readout_fits_from_the_command_and_answers_with_its_bank(
+    smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
+    rows = [{"id": item.id, "text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    command = ["--cache-dir", str(cache_dir), "fit", "--model", smollm2.name, "--questions", str(tmp_path / "q.json")]
+    command += ["--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "readouts"), "--per-class", "0"]
+    command += ["--holdout", "0.25", "--l2", "0.1", "--vote", "3", "--lexical", "--no-progress"]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "head alone" in out and "vote alone" in out and "lexical alone" in out
+    assert "cross-fitting the lexical classifier" in out and "; lexical " in out
+    (path,) = (tmp_path / "readouts").glob("*.readout.json")
+    readout = Readout.load(path)
+    assert readout.lexical_weight is not None and 0 <= readout.lexical_weight <= WEIGHT_MAX
+    assert readout.lexical_examples == 12 and readout.vote_neighbours == 3
+    assert 0 <= readout.fitted_on["metrics"]["lexical_accuracy"] <= 1
+
+    with pytest.raises(InvalidRequest, match=r"a text classifier trained on its example bank.*--example-bank"):
+        Decider(smollm2, readout_dir=tmp_path / "readouts").decide(body("Refund please", x_readout=True))
+    question = to_decision(parse_request(body("x"))).questions[0]
+    bank = ExampleBank.from_pairs(question, None, [(text, TASK.classes[gold]) for text, gold in TEXTS], "bank")
+    decider = Decider(smollm2, readout_dir=tmp_path / "readouts", example_banks=[bank])
+    answer = decider.answer(body("Refund please", x_readout=True)).answers["answer"]
+    assert answer is not None and answer.reads[0].hidden is not None
+    (read,) = answer.reads
+    vote = bank.vote("Refund please", 3)
+    lexical = floored(bank_classifier(bank).probabilities(["Refund please"]))[0]  # the classifier refitted at load
+    expected = readout.probabilities(read.logits[None], read.hidden[None], vote, lexical)[0]
+    assert answer.probabilities == pytest.approx(expected, abs=1e-12)

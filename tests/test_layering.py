@@ -25,11 +25,6 @@ ALLOWED = {
     "eval": {"api", "decider", "quality"},
 }
 
-#: third-party packages the model-side layers may import: they run without the server's dependencies
-#: (httpx: the remote engine's client)
-MODEL_SIDE = {"core", "prompt", "engines", "quality"}
-MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers", "httpx"}
-
 
 def slotread_imports(path: Path) -> set[str]:
     """The top-level slotread subpackages or modules a file imports."""
@@ -53,24 +48,48 @@ def test_layers_import_one_way() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def third_party_imports(path: Path) -> set[str]:
-    """The top-level packages a file imports, other than the standard library and slotread."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+#: third-party packages the model-side layers may import: they run without the server's dependencies
+#: (httpx: the remote engine's client)
+MODEL_SIDE = {"core", "prompt", "engines", "quality"}
+MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers", "httpx"}
+#: and those a layer may import inside a function only, where a feature that needs them runs
+#: (scikit-learn: a readout's lexical classifier)
+LAZY_PACKAGES = {"quality": {"sklearn"}}
+
+
+def third_party_imports(path: Path) -> tuple[set[str], set[str]]:
+    """The top-level packages a file imports, other than the standard library and slotread: at module
+    level (or in a class body), and inside functions."""
+    eager: set[str] = set()
+    lazy: set[str] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        found = lazy if in_function else eager
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module.split(".")[0])
-    return found - set(sys.stdlib_module_names) - {"slotread", "__future__"}
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    ours = set(sys.stdlib_module_names) | {"slotread", "__future__"}
+    return eager - ours, lazy - ours
 
 
 def test_the_model_side_needs_no_server_packages() -> None:
-    wrong = [
-        f"{path.relative_to(PACKAGE)} imports {package}"
-        for layer in sorted(MODEL_SIDE)
-        for path in sorted((PACKAGE / layer).rglob("*.py"))
-        for package in sorted(third_party_imports(path) - MODEL_SIDE_PACKAGES)
-    ]
+    wrong = []
+    for layer in sorted(MODEL_SIDE):
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            eager, lazy = third_party_imports(path)
+            lazy_allowed = MODEL_SIDE_PACKAGES | LAZY_PACKAGES.get(layer, set())
+            wrong += [
+                f"{path.relative_to(PACKAGE)} imports {package}" for package in sorted(eager - MODEL_SIDE_PACKAGES)
+            ]
+            wrong += [
+                f"{path.relative_to(PACKAGE)} imports {package} in a function"
+                for package in sorted(lazy - lazy_allowed)
+            ]
     assert not wrong, "\n".join(wrong)
 
 

@@ -104,8 +104,9 @@ def _decide_readout(
     schemas: dict[str, str],
     max_tokens: int | None,
 ) -> DecisionResult:
-    """``core.decide`` with each answer taken from its schema's readout, given its bank's vote where the
-    readout adds one (refused before reading if a readout or such a bank is missing)."""
+    """``core.decide`` with each answer taken from its schema's readout, given its bank's vote and its
+    lexical classifier's q̃ where the readout adds them (refused before reading if a readout or such a
+    bank is missing)."""
     if readouts is None:
         msg = "no readouts are loaded here; fit one with `slotread fit` and load it with --readout DIR"
         raise InvalidRequest.at(["body", "x_readout"], msg)
@@ -121,11 +122,14 @@ def _decide_readout(
     def adjust(answer: Answer) -> Answer:
         schema = schemas[answer.question.id]
         readout, bank = found[schema], banks.get(schema)
-        assert readout is not None  # refused above otherwise
-        if not readout.vote_neighbours:
-            return readout.answer(answer)
-        assert bank is not None  # refused above otherwise
-        return readout.answer(answer, bank.vote(decision.state, readout.vote_neighbours))
+        assert readout is not None and readouts is not None  # refused above otherwise
+        vote = lexical = None
+        if readout.vote_neighbours:
+            assert bank is not None  # refused above otherwise
+            vote = bank.vote(decision.state, readout.vote_neighbours)
+        if readout.lexical_weight is not None:
+            lexical = readouts.lexical(schema, decision.state)
+        return readout.answer(answer, vote, lexical)
 
     return decide(decision, engine, renderer, max_tokens, adjust)
 

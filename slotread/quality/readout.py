@@ -10,21 +10,27 @@ features (``quality.logistic``) with a temperature fitted on held-out items:
 
 and the answer is the mean of p over the question's reads (its draws), like any other answer.
 
-A readout fitted with a vote (``slotread fit --vote K``) also reads the schema's example bank: it
-adds w · log v to the head's scores, v the smoothed label vote of the state's K BM25-nearest bank
-examples (``quality.examples``), with w fitted on the held-out items together with T:
+A readout fitted with partners (``slotread fit --vote K``, ``--lexical``) also reads the schema's
+example bank: it adds w_v · log v, v the smoothed label vote of the state's K BM25-nearest bank
+examples (``quality.examples``), and w_l · log q̃, q̃ the class probabilities of a TF-IDF + logistic
+regression classifier trained on the bank (``quality.lexical``), with T and the weights fitted
+together on the held-out items (``quality.fusion``):
 
-    p(read) = softmax((W z + b) / T + w · log v)
+    p(read) = softmax((W z + b) / T + w_v · log v + w_l · log q̃)
 
 The vote and the model err on different items (BANKING77, 1.5B: of 3,080 test messages, a 40-per-intent
 head alone was right on 323 that a 24-neighbour vote got wrong, the vote on 210 the head got wrong), so
-the product of the two beats both. Such a readout answers only where its schema's bank is served.
+the product of the two beats both; so do the readout and the text classifier. Such a readout answers
+only where its schema's bank is served; the store fits the lexical classifier on the served bank as
+it loads the readout (the artifact records the bank's size at fit time, and a served bank of another
+size is logged as a warning).
 ``slotread fit`` writes the artifact as two files side by side in a directory:
 
     <model>.<schema[:16]>.readout.json  {"format": "slotread-readout/1", "model", "schema",
                                          "question": {"type", "options"}, "features", "hidden_size",
                                          "layout", "temperature", "l2", "vote": null | {"neighbours",
-                                         "weight"}, "arrays": "<the .npz file name>",
+                                         "weight"}, "lexical": null | {"weight", "examples"},
+                                         "arrays": "<the .npz file name>",
                                          "fitted_on": {data, items, held-out metrics, ...}}
     <model>.<schema[:16]>.readout.npz   float64 arrays mean (d,), scale (d,), weight (n, d), bias (n,)
 
@@ -43,6 +49,7 @@ import math
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,10 +60,11 @@ import numpy as np
 from slotread.core.aggregate import aggregate_reads, softmax
 from slotread.core.answers import Answer
 from slotread.core.questions import Decision
-from slotread.errors import CalibrationError, InvalidRequest
+from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest
 from slotread.prompt.render import Layout
 from slotread.quality.artifact import schema_hash
-from slotread.quality.calibration import fit_temperature, golden_section, mean_nll
+from slotread.quality.examples import ExampleBank, ExampleBanks
+from slotread.quality.lexical import TextClassifier, bank_classifier, floored
 from slotread.quality.logistic import LogisticHead
 
 logger = logging.getLogger(__name__)
@@ -65,8 +73,6 @@ FORMAT = "slotread-readout/1"
 #: What a head reads: the slot's hidden state and the label log-probabilities, or the latter alone.
 Features = Literal["hidden+logits", "logits"]
 FEATURES: tuple[Features, ...] = ("hidden+logits", "logits")
-#: The vote's weight w is searched in [0, VOTE_WEIGHT_MAX] to within VOTE_WEIGHT_TOLERANCE.
-VOTE_WEIGHT_MAX, VOTE_WEIGHT_TOLERANCE = 5.0, 1e-3
 
 
 def read_features(logits: np.ndarray, hidden: np.ndarray | None, features: Features) -> np.ndarray:
@@ -95,28 +101,45 @@ class Readout:
     head: LogisticHead
     temperature: float
     l2: float
-    #: the bank neighbours whose vote the answer adds (0: none), and its weight w
+    #: the bank neighbours whose vote the answer adds (0: none), and its weight w_v
     vote_neighbours: int = 0
     vote_weight: float = 0.0
+    #: the weight w_l of the lexical classifier's log q̃ (None: the readout has no lexical partner), and
+    #: the size of the bank it was fitted with
+    lexical_weight: float | None = None
+    lexical_examples: int = 0
     fitted_on: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def banked(self) -> bool:
+        """Whether the readout reads its schema's example bank (a vote or a lexical partner)."""
+        return bool(self.vote_neighbours) or self.lexical_weight is not None
+
     def probabilities(
-        self, logits: np.ndarray, hidden: np.ndarray | None, vote: np.ndarray | None = None
+        self,
+        logits: np.ndarray,
+        hidden: np.ndarray | None,
+        vote: np.ndarray | None = None,
+        lexical: np.ndarray | None = None,
     ) -> np.ndarray:
         """Each read's answer distribution (R, n) from its label logits (R, n), hidden states (R, H) and,
-        for a readout with a vote, the bank's vote (n,)."""
+        for a readout with partners, the bank's vote v (n,) and the lexical classifier's q̃ (n,)."""
         scores = self.head.scores(read_features(logits, hidden, self.features)) / self.temperature
         if self.vote_neighbours:
             if vote is None:
                 raise ValueError(f"this readout adds the vote of {self.vote_neighbours} bank examples; none was given")
             scores = scores + self.vote_weight * np.log(vote)
+        if self.lexical_weight is not None:
+            if lexical is None:
+                raise ValueError("this readout adds its lexical classifier's probabilities; none were given")
+            scores = scores + self.lexical_weight * np.log(lexical)
         return softmax(scores)
 
-    def answer(self, answer: Answer, vote: np.ndarray | None = None) -> Answer:
+    def answer(self, answer: Answer, vote: np.ndarray | None = None, lexical: np.ndarray | None = None) -> Answer:
         """``answer`` with its probabilities from this head: the mean of each read's ``probabilities``.
 
         Raises ValueError when the reads lack the hidden states this head reads, or have another size,
-        or a readout with a vote is given none.
+        or a readout with partners is not given theirs.
         """
         logits = np.stack([read.logits for read in answer.reads])
         hidden = None
@@ -125,7 +148,7 @@ class Readout:
             if any(state is None or state.shape != (self.hidden_size,) for state in states):
                 raise ValueError(f"this readout reads hidden states of size {self.hidden_size}; the reads differ")
             hidden = np.stack([state for state in states if state is not None])
-        return replace(answer, summary=aggregate_reads(self.probabilities(logits, hidden, vote)))
+        return replace(answer, summary=aggregate_reads(self.probabilities(logits, hidden, vote, lexical)))
 
     def to_json(self, arrays: str) -> dict[str, Any]:
         """The artifact's JSON part, naming its ``arrays`` file."""
@@ -140,6 +163,9 @@ class Readout:
             "temperature": self.temperature,
             "l2": self.l2,
             "vote": {"neighbours": self.vote_neighbours, "weight": self.vote_weight} if self.vote_neighbours else None,
+            "lexical": None
+            if self.lexical_weight is None
+            else {"weight": self.lexical_weight, "examples": self.lexical_examples},
             "arrays": arrays,
             "fitted_on": dict(self.fitted_on),
         }
@@ -172,25 +198,9 @@ class Readout:
             raise CalibrationError(f"{path}: not a readable slotread readout artifact: {exc}") from None
 
 
-def fit_vote_fusion(scores: np.ndarray, vote: np.ndarray, gold: np.ndarray) -> tuple[float, float]:
-    """The (T, w) minimising the NLL of softmax(s / T + w · log v) on held-out items: the head's scores
-    s (N, R, n), the items' bank votes v (N, n), gold (N,). w in [0, VOTE_WEIGHT_MAX] by golden-section
-    search, T by ``fit_temperature`` for each w (the NLL is convex in (1/T, w) for one read per item)."""
-    log_vote = np.log(vote)[:, None, :]
-
-    def temperature(weight: float) -> float:
-        return fit_temperature(scores, gold, weight * log_vote)
-
-    def cost(weight: float) -> float:
-        return mean_nll(scores / temperature(weight) + weight * log_vote, gold)
-
-    weight = golden_section(cost, 0.0, VOTE_WEIGHT_MAX, VOTE_WEIGHT_TOLERANCE)
-    return temperature(weight), weight
-
-
-def votes_in(directory: Path) -> bool:
-    """Whether any readout artifact in ``directory`` adds a bank vote (so an example bank must be served)."""
-    return any(Readout.load(path).vote_neighbours for path in sorted(directory.glob("*.readout.json")))
+def banked_in(directory: Path) -> bool:
+    """Whether any readout artifact in ``directory`` reads its example bank (so one must be served)."""
+    return any(Readout.load(path).banked for path in sorted(directory.glob("*.readout.json")))
 
 
 def artifact_stem(model: str, schema: str) -> str:
@@ -223,6 +233,13 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
     neighbours, weight = int(vote["neighbours"]), float(vote["weight"])
     if neighbours < 0 or not (math.isfinite(weight) and weight >= 0):
         raise ValueError(f"the vote's neighbours and weight must not be negative, got {neighbours} and {weight}")
+    lexical = data.get("lexical")  # absent from artifacts fitted before the lexical partner
+    lexical_weight = None if lexical is None else float(lexical["weight"])
+    lexical_examples = 0 if lexical is None else int(lexical["examples"])
+    if lexical_weight is not None and not (
+        math.isfinite(lexical_weight) and lexical_weight >= 0 and lexical_examples > 0
+    ):
+        raise ValueError(f"the lexical weight must not be negative nor its bank empty, got {lexical}")
     return Readout(
         model=str(data["model"]),
         schema=str(data["schema"]),
@@ -236,6 +253,8 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
         l2=float(data["l2"]),
         vote_neighbours=neighbours,
         vote_weight=weight,
+        lexical_weight=lexical_weight,
+        lexical_examples=lexical_examples,
         fitted_on=dict(data.get("fitted_on", {})),
     )
 
@@ -244,14 +263,23 @@ class ReadoutStore:
     """The readouts of one model, by schema, from a directory of ``slotread fit`` artifacts.
 
     ``hidden_states`` says whether the engine returns hidden states (a remote one does not: only
-    "logits" readouts can answer there). Raises CalibrationError if an artifact cannot be read or two
-    claim one schema; artifacts of other models are skipped.
+    "logits" readouts can answer there). The lexical classifier of a readout with one is fitted on its
+    schema's bank in ``banks`` here, once (logged with the time it took). Raises CalibrationError if an
+    artifact cannot be read or two claim one schema; artifacts of other models are skipped.
     """
 
-    def __init__(self, model: str, directory: Path | None = None, *, hidden_states: bool = True) -> None:
+    def __init__(
+        self,
+        model: str,
+        directory: Path | None = None,
+        *,
+        hidden_states: bool = True,
+        banks: ExampleBanks | None = None,
+    ) -> None:
         self.model = model
         self.hidden_states = hidden_states
         self._readouts: dict[str, tuple[Readout, Path]] = {}
+        self._lexical: dict[str, TextClassifier] = {}
         for path in sorted(directory.glob("*.readout.json")) if directory is not None else []:
             readout = Readout.load(path)
             if readout.model != model:
@@ -263,6 +291,14 @@ class ReadoutStore:
             self._readouts[readout.schema] = (readout, path)
         if directory is not None:
             logger.info("%d readouts for %s from %s", len(self._readouts), model, directory)
+        for schema, (readout, path) in self._readouts.items():
+            bank = banks.get(schema) if banks is not None else None
+            if readout.lexical_weight is not None and bank is not None:
+                self._lexical[schema] = fit_lexical(readout, bank, path)
+
+    def lexical(self, schema: str, state: str) -> np.ndarray:
+        """q̃ (n,) of ``state`` from the lexical classifier of ``schema``'s readout (KeyError if none was fitted)."""
+        return floored(self._lexical[schema].probabilities([state])[0])
 
     def get(self, schema: str) -> Readout | None:
         """The readout of a schema, if one was loaded."""
@@ -289,14 +325,47 @@ class ReadoutStore:
         where = f"question {question_id!r} on {self.model} (schema {schema[:16]})"
         if readout is None:
             return f"no readout is loaded for {where}; fit one with `slotread fit` and load it with --readout DIR"
-        if readout.vote_neighbours and not banked:
+        if readout.banked and not banked:
+            partners = []
+            if readout.vote_neighbours:
+                partners.append(f"the vote of its {readout.vote_neighbours} nearest example-bank examples")
+            if readout.lexical_weight is not None:
+                partners.append("a text classifier trained on its example bank")
             return (
-                f"the readout of {where} adds the vote of its {readout.vote_neighbours} nearest example-bank "
-                "examples, and no bank serves this question; serve one with --example-bank"
+                f"the readout of {where} adds {' and '.join(partners)}, and no bank serves this question; "
+                "serve one with --example-bank"
             )
+        if readout.lexical_weight is not None and schema not in self._lexical:
+            return f"the readout of {where} has no lexical classifier: its readouts were loaded without its bank"
         if readout.features == "hidden+logits" and not self.hidden_states:
             return (
                 f"the readout of {where} reads hidden states, which a remote engine does not return; "
                 "fit one with `slotread fit --features logits` for this server"
             )
         return None
+
+
+def fit_lexical(readout: Readout, bank: ExampleBank, path: Path) -> TextClassifier:
+    """The lexical classifier of ``readout`` (from ``path``), fitted on the served ``bank``; logs the time,
+    and warns when the bank's size differs from the one the readout was fitted with."""
+    started = time.perf_counter()
+    try:
+        classifier = bank_classifier(bank)
+    except ValueError as exc:
+        raise ExampleBankError(f"{bank.source}: cannot fit the lexical classifier of {path}: {exc}") from None
+    logger.info(
+        "the lexical classifier of %s: fitted on %d examples of %s in %.1f s",
+        path.name,
+        len(bank),
+        bank.source,
+        time.perf_counter() - started,
+    )
+    if len(bank) != readout.lexical_examples:
+        logger.warning(
+            "%s was fitted with a bank of %d examples; %s serves %d: its lexical weight may not fit",
+            path,
+            readout.lexical_examples,
+            bank.source,
+            len(bank),
+        )
+    return classifier

@@ -12,8 +12,10 @@ from slotread.core.answers import Answer, Read
 from slotread.core.questions import Decision, Option, Question
 from slotread.errors import CalibrationError, InvalidRequest
 from slotread.quality.artifact import schema_hash
+from slotread.quality.examples import ExampleBank, ExampleBanks
+from slotread.quality.lexical import bank_classifier, floored
 from slotread.quality.logistic import LogisticHead
-from slotread.quality.readout import Readout, ReadoutStore, fit_vote_fusion, read_features, votes_in
+from slotread.quality.readout import Readout, ReadoutStore, banked_in, read_features
 
 QUESTION = Question("q", "choice", "Which?", (Option("a"), Option("b")))
 SCHEMA = schema_hash(QUESTION, None)
@@ -89,7 +91,7 @@ def test_the_artifact_round_trips_and_the_store_keys_it_by_model_and_schema(tmp_
     assert missing is not None and "no readout is loaded for question 'q' on m" in missing and "slotread fit" in missing
     remote = ReadoutStore("m", tmp_path, hidden_states=False).problem("q", SCHEMA, banked=False)
     assert remote is not None and "--features logits" in remote
-    assert not votes_in(tmp_path)
+    assert not banked_in(tmp_path)
 
 
 def test_a_readout_with_a_vote_adds_its_weighted_log_and_needs_a_bank(tmp_path: Path) -> None:
@@ -103,24 +105,68 @@ def test_a_readout_with_a_vote_adds_its_weighted_log_and_needs_a_bank(tmp_path: 
     path = readout.save(tmp_path)
     assert json.loads(path.read_text())["vote"] == {"neighbours": 24, "weight": 2.0}
     loaded = Readout.load(path)
-    assert (loaded.vote_neighbours, loaded.vote_weight) == (24, 2.0) and votes_in(tmp_path)
+    assert (loaded.vote_neighbours, loaded.vote_weight) == (24, 2.0) and banked_in(tmp_path)
     store = ReadoutStore("m", tmp_path)
     assert store.problem("q", SCHEMA, banked=True) is None
     unbanked = store.problem("q", SCHEMA, banked=False)
     assert unbanked is not None and "24 nearest example-bank examples" in unbanked and "--example-bank" in unbanked
 
 
-def test_the_fitted_vote_weight_follows_how_much_the_vote_knows() -> None:
-    rng = np.random.default_rng(0)
-    gold = rng.integers(0, 4, 400)
-    scores = rng.normal(size=(400, 1, 4))  # a head that knows nothing
-    knowing = np.full((400, 4), 0.1)
-    knowing[np.arange(400), gold] = 0.7  # a vote right every time, at 0.7
-    temperature, weight = fit_vote_fusion(scores, knowing, gold)
-    assert weight > 2 and temperature > 5  # the vote carries the answer, the head is flattened
-    blind = rng.dirichlet(np.ones(4), 400)  # a vote that knows nothing
-    scores[np.arange(400), 0, gold] += 3.0  # a head that does
-    assert fit_vote_fusion(scores, blind, gold)[1] < 0.2
+def test_a_readout_with_a_lexical_partner_adds_both_logs_by_hand() -> None:
+    readout = identity_readout(
+        temperature=2.0, vote_neighbours=3, vote_weight=1.0, lexical_weight=0.5, lexical_examples=9
+    )
+    # scores log p = [ln .25, ln .75] at T = 2 -> [.5, √.75]; times v = [.5, .5]; times q̃^0.5 = [.8, .2]^0.5
+    logits = np.array([[0.0, math.log(3.0)]])
+    expected = np.array([0.5 * 0.5 * math.sqrt(0.8), math.sqrt(0.75) * 0.5 * math.sqrt(0.2)])
+    p = readout.probabilities(logits, None, np.array([0.5, 0.5]), np.array([0.8, 0.2]))
+    assert p[0] == pytest.approx(expected / expected.sum())
+    with pytest.raises(ValueError, match="lexical classifier"):
+        readout.probabilities(logits, None, np.array([0.5, 0.5]))
+
+
+BANK_PAIRS = [("refund my money", "a"), ("money back please", "a"), ("refund it", "a"), ("my card broke", "b")]
+BANK_PAIRS += [("lost card", "b"), ("card missing", "b")]
+
+
+def test_the_lexical_artifact_round_trips_and_old_artifacts_still_load(tmp_path: Path) -> None:
+    path = identity_readout(lexical_weight=0.75, lexical_examples=6).save(tmp_path)
+    data = json.loads(path.read_text())
+    assert data["lexical"] == {"weight": 0.75, "examples": 6} and data["vote"] is None
+    loaded = Readout.load(path)
+    assert (loaded.lexical_weight, loaded.lexical_examples, loaded.banked) == (0.75, 6, True) and banked_in(tmp_path)
+    del data["lexical"]  # an artifact written before the lexical partner existed
+    path.write_text(json.dumps(data))
+    old = Readout.load(path)
+    assert (old.lexical_weight, old.lexical_examples, old.banked) == (None, 0, False) and not banked_in(tmp_path)
+    path.write_text(json.dumps({**data, "lexical": {"weight": -1.0, "examples": 6}}))
+    with pytest.raises(CalibrationError, match="lexical weight must not be negative"):
+        Readout.load(path)
+
+
+def test_the_store_fits_the_lexical_classifier_on_the_served_bank(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    identity_readout(lexical_weight=0.75, lexical_examples=6).save(tmp_path)
+    bank = ExampleBank.from_pairs(QUESTION, None, BANK_PAIRS, "bank")
+    unbanked = ReadoutStore("m", tmp_path).problem("q", SCHEMA, banked=False)
+    assert unbanked is not None and "a text classifier trained on its example bank" in unbanked
+    assert "--example-bank" in unbanked
+    unfitted = ReadoutStore("m", tmp_path).problem("q", SCHEMA, banked=True)
+    assert unfitted is not None and "loaded without its bank" in unfitted
+
+    with caplog.at_level("INFO", logger="slotread.quality.readout"):
+        store = ReadoutStore("m", tmp_path, banks=ExampleBanks([bank]))
+    assert store.problem("q", SCHEMA, banked=True) is None
+    assert "fitted on 6 examples of bank in" in caplog.text and "WARNING" not in caplog.text
+    expected = floored(bank_classifier(bank).probabilities(["refund please"]))[0]
+    assert store.lexical(SCHEMA, "refund please") == pytest.approx(expected, abs=1e-12)
+    assert expected.sum() == pytest.approx(1.0) and expected[0] > 0.5  # the refund texts are option a's
+
+    smaller = ExampleBank.from_pairs(QUESTION, None, BANK_PAIRS[1:], "smaller bank")
+    caplog.clear()
+    ReadoutStore("m", tmp_path, banks=ExampleBanks([smaller]))
+    assert "fitted with a bank of 6 examples; smaller bank serves 5" in caplog.text
 
 
 def test_broken_or_duplicate_artifacts_are_refused(tmp_path: Path) -> None:
