@@ -14,6 +14,10 @@ Norms, projections, the dense MLP, the router and the experts use the library's 
 the library's order (on a GPU the RMSNorm is one compiled kernel and the experts two grouped GEMMs);
 the float32 tests compare with the library's own forward. The encoder skips the last layer's
 feed-forward and the final norm: a prompt's KV never reads them.
+
+A layer runs over a flat token matrix holding one or more *streams* (rows x length each): every
+per-token module sees all of them at once, and only attention looks at each stream apart. That is
+how ``encode_decode`` puts new prompt tokens and the canvases that read them through one forward.
 """
 
 from __future__ import annotations
