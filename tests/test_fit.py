@@ -100,6 +100,13 @@ def test_x_readout_without_a_fitted_readout_is_refused(smollm2: LoadedModel, tmp
         assert problem["loc"] == ["body", "x_readout"] and "slotread fit" in problem["msg"]
 
 
+def write_question_and_train(folder: Path) -> None:
+    """The question file ``q.json`` and the labelled ``train.jsonl`` (DATA) the command-line tests read."""
+    (folder / "q.json").write_text(json.dumps(QUESTION))
+    rows = [{"id": item.id, "text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items]
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
 def test_overlap_with_the_evaluation_data_is_refused_before_reading(smollm2: LoadedModel) -> None:
     test = Dataset("banking77", "test", TASK, (Item("0", "  i LOST my card ", 1),))
     with pytest.raises(InvalidRequest, match="also appear in banking77 test"):
@@ -109,9 +116,7 @@ def test_overlap_with_the_evaluation_data_is_refused_before_reading(smollm2: Loa
 def test_the_command_fits_and_decide_answers_with_it(
     smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
-    rows = [{"id": item.id, "text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_question_and_train(tmp_path)
     (tmp_path / "test.csv").write_text("text,label\nI lost my card,card\n")
     command = ["--cache-dir", str(cache_dir), "fit", "--model", smollm2.name, "--questions", str(tmp_path / "q.json")]
     command += ["--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "readouts"), "--no-progress"]
@@ -182,9 +187,7 @@ def test_a_readout_with_a_vote_answers_with_its_bank_and_eval_builds_the_bank(
     assert answer.probabilities == pytest.approx(expected, abs=1e-12)
 
     # slotread eval builds the vote's bank from the train file, without the evaluated texts
-    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
-    rows = [{"text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_question_and_train(tmp_path)
     (tmp_path / "test.csv").write_text("text,label\nI lost my card,card\nRefund please,refund\n")
     command = ["--cache-dir", str(cache_dir), "eval", "--model", smollm2.name, "--question", str(tmp_path / "q.json")]
     command += ["--dataset", str(tmp_path / "test.csv"), "--train", str(tmp_path / "train.jsonl"), "--no-progress"]
@@ -196,9 +199,7 @@ def test_a_readout_with_a_vote_answers_with_its_bank_and_eval_builds_the_bank(
 def test_a_lexical_readout_fits_from_the_command_and_answers_with_its_bank(
     smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "q.json").write_text(json.dumps(QUESTION))
-    rows = [{"id": item.id, "text": item.state, "label": TASK.classes[item.gold]} for item in DATA.items]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_question_and_train(tmp_path)
     command = ["--cache-dir", str(cache_dir), "fit", "--model", smollm2.name, "--questions", str(tmp_path / "q.json")]
     command += ["--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "readouts"), "--per-class", "0"]
     command += ["--holdout", "0.25", "--l2", "0.1", "--vote", "3", "--lexical", "--no-progress"]
