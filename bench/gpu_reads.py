@@ -472,6 +472,9 @@ def check_mixed(engine: DiffusionGemmaEngine, prompt: tuple[tuple[int, ...], ...
     one = canvas_read(prompt, 64, 7)
     alone = engine.read([one])[0]
     others = [canvas_read((prompt[0], ids(generator, 100)), 64, s) for s in range(15)]
+    # their prompts cached first: all 16 canvases then share one decoder forward (new states would
+    # each be encoded in a joint forward of their own, apart from this read)
+    engine.read(others)
     mixed = engine.read([*others[:7], one, *others[7:]])[7]
     delta = float(abs(alone.logits[0] - mixed.logits[0]).max())
     mode = "deterministic" if engine.deterministic else "batched"
