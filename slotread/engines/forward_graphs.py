@@ -79,22 +79,18 @@ class ForwardGraphs:
         new, canvases, own_rows, masks = padded(new, canvases, own_rows, masks)
         (part,) = new.parents
         kinds, shared_kinds = sorted(masks.own), sorted(masks.shared)
+        tensors = [new.tokens, new.positions, canvases.tokens, canvases.positions, canvases.bias, own_rows]
         inputs = [
-            new.tokens,
-            new.positions,
-            canvases.tokens,
-            canvases.positions,
-            canvases.bias,
-            own_rows,
+            *tensors,
             *(masks.own[kind] for kind in kinds),
             *(masks.shared[kind] for kind in shared_kinds),
         ]
-        fixed, layers = len(inputs), len(part.keys)
+        own_at, shared_at, fixed, layers = len(tensors), len(tensors) + len(kinds), len(inputs), len(part.keys)
 
         def forward(static: list[torch.Tensor]) -> tuple[KV, torch.Tensor]:
             keys, values = tuple(static[fixed : fixed + layers]), tuple(static[fixed + layers :])
-            own = dict(zip(kinds, static[6 : 6 + len(kinds)], strict=True))
-            shared = dict(zip(shared_kinds, static[6 + len(kinds) : fixed], strict=True))
+            own = dict(zip(kinds, static[own_at:shared_at], strict=True))
+            shared = dict(zip(shared_kinds, static[shared_at:fixed], strict=True))
             return encode_decode(
                 self._decoder,
                 self._layer_types,
