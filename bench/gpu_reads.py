@@ -268,6 +268,7 @@ def main() -> None:
     check_graphs(engine, cached_prompt, canvas_read, generator)
 
     if args.profile:
+        traced(engine)
         engine.read([canvas_read(cached_prompt, 64, 0)])
         for batch in (1, 64):
             profile(
@@ -388,6 +389,8 @@ def main() -> None:
 
 
 def profile(run: Callable[[], object], name: str) -> None:
+    """The top kernels of ``run()`` by CUDA time, then where the GPU sat idle: the wall time outside
+    every kernel, split by the engine phase (``traced``) and the CUDA runtime calls it fell in."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -400,6 +403,86 @@ def profile(run: Callable[[], object], name: str) -> None:
         wall = time.perf_counter() - start
     print(f"\n{name}: {wall * 1e3:.1f} ms wall")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+    print(idle_report(prof.events()))
+
+
+def idle_report(events: list) -> str:
+    """GPU busy and idle time over the profiled span; the idle time overlapping each engine phase
+    and each kind of CUDA runtime call (overlaps of nested phases are each counted)."""
+    from torch.autograd import DeviceType
+
+    busy: list[list[float]] = []
+    for begin, end in sorted(
+        (e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA
+    ):
+        if busy and begin <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], end)
+        else:
+            busy.append([begin, end])
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    span = (min(e.time_range.start for e in cpu), max(e.time_range.end for e in events))
+    edges = [span[0], *(t for interval in busy for t in interval), span[1]]
+    idle = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2) if edges[i + 1] > edges[i]]
+
+    def idle_within(begin: float, end: float) -> float:
+        return sum(max(0.0, min(end, b) - max(begin, a)) for a, b in idle)
+
+    by_name: dict[str, list[float]] = {}
+    for e in cpu:
+        if e.name.startswith(("engine.", "graphs.", "cache.", "cuda")):
+            entry = by_name.setdefault(e.name, [0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.end - e.time_range.start
+            entry[2] += idle_within(e.time_range.start, e.time_range.end)
+    total_idle = sum(b - a for a, b in idle)
+    lines = [
+        f"GPU busy {sum(b - a for a, b in busy) / 1e3:.1f} ms, idle {total_idle / 1e3:.1f} ms of"
+        f" {(span[1] - span[0]) / 1e3:.1f} ms; idle gaps over 0.5 ms: {sum(b - a > 500 for a, b in idle)}",
+        "phase or runtime call | calls | CPU ms | GPU idle within, ms",
+    ]
+    for label, (calls, duration, idle_ms) in sorted(by_name.items(), key=lambda item: -item[1][2]):
+        if idle_ms > 100 or label.startswith(("engine.", "graphs.")):
+            lines.append(f"{label} | {calls} | {duration / 1e3:.1f} | {idle_ms / 1e3:.1f}")
+    return "\n".join(lines)
+
+
+#: Engine and graph methods that ``traced`` labels in a profile
+PHASES = {
+    "engine": (
+        "_encode_all",
+        "_joint_chunks",
+        "_joint_slot_logits",
+        "_new_tokens",
+        "_joint_masks",
+        "_entries",
+        "_plan",
+        "_slot_logits",
+        "_canvases",
+        "_shared_parts",
+        "_own_prompts",
+        "_head_at_slots",
+        "_scored",
+    ),
+    "graphs": ("decode", "encode_decode", "_replay"),
+    "cache": ("get", "put"),
+}
+
+
+def traced(engine: DiffusionGemmaEngine) -> None:
+    """Label ``engine``'s phases in profiles (``record_function`` around each method of ``PHASES``)."""
+    from torch.profiler import record_function
+
+    owners = {"engine": engine, "graphs": engine._graphs, "cache": engine.prefix_cache}
+    for kind, names in PHASES.items():
+        owner = owners[kind]
+        for method_name in names if owner is not None else ():
+            method = getattr(owner, method_name)
+
+            def labelled(*args: object, _method=method, _label=f"{kind}.{method_name}", **kwargs: object) -> object:
+                with record_function(_label):
+                    return _method(*args, **kwargs)
+
+            setattr(owner, method_name, labelled)
 
 
 def check_fp32_slice(generator: torch.Generator) -> None:

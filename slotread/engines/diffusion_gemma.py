@@ -414,7 +414,7 @@ class DiffusionGemmaEngine:
         split = min((end for end in boundaries if end >= min(length, self.shared_min)), default=length)
         shared, full = boundaries[split], boundaries[length]
         skip = self._skip(length, split)
-        return _Read(shared, full, split, length, skip, (id(shared), skip, length - split, request.prompt_ids))
+        return _Read(shared, full, split, length, skip, (id(shared), skip, length - split, id(full)))
 
     def _slot_logits(self, batch: list[ReadRequest], reads: list[_Read]) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 logits (S, V) at every slot of ``batch``, in request then slot order, and the decoder's

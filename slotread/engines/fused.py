@@ -1,9 +1,11 @@
-"""Elementwise chains of the DiffusionGemma forward, each compiled into one kernel on a GPU.
+"""Elementwise chains and gathers of the DiffusionGemma forward, each one kernel on a GPU.
 
 In eager mode each of these is several passes over the activations in float32 (an RMSNorm is six);
-at 64 canvases they were a third of a decoder step on an H200. ``torch.compile`` fuses each into one
-kernel. The functions are plain torch, so on a CPU (and wherever compilation fails, e.g. without
-Triton) they run eagerly with the same maths; the float32 tests run them that way.
+at 64 canvases they were a third of a decoder step on an H200. ``torch.compile`` fuses the norms
+into one kernel each; the attention merge and the expert combine, which it compiled into kernels
+5-10x slower than their memory time, are hand-written Triton kernels (``engines/kernels.py``). The
+functions are plain torch, so on a CPU (and wherever compilation fails, e.g. without Triton) they
+run eagerly with the same maths; the float32 tests run them that way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from functools import wraps
 from typing import ParamSpec, TypeVar
 
 import torch
+
+from slotread.engines import kernels
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +78,26 @@ def norm_rotary(
 
 
 @_fused
+def gated(gate_up: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The experts' gated activation ``activation(gate) * up`` of ``gate_up`` (S, 2 * I): one pass
+    instead of an activation and a product over strided halves."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return activation(gate) * up
+
+
 def merge_two(
     first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
 ) -> torch.Tensor:
     """Attention over the union of two key sets from each set's output (…, Q, d) and LSE (…, Q)."""
+    if first.is_cuda and kernels.AVAILABLE:
+        return kernels.merge_two(first, first_lse, second, second_lse)
+    return merge_two_torch(first, first_lse, second, second_lse)
+
+
+def merge_two_torch(
+    first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
+) -> torch.Tensor:
+    """``merge_two`` in torch ops."""
     total = torch.logaddexp(first_lse, second_lse)
     merged = (
         first.float() * torch.exp(first_lse - total)[..., None]
@@ -86,9 +106,16 @@ def merge_two(
     return merged.to(first.dtype)
 
 
-@_fused
-def combine(expert_out: torch.Tensor, weights: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Each token's sum over its top-k expert outputs, weighted: ``expert_out`` (S, h) and ``weights``
-    (S,) in expert order, ``inverse`` (S,) the expert-order row of each (token, k) copy."""
-    weighted = expert_out[inverse].float() * weights[inverse, None]
-    return weighted.view(-1, top_k, expert_out.shape[-1]).sum(dim=1)
+def combine(rows: torch.Tensor, weights: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Each token's sum over its top-k expert outputs, weighted, in ``rows``' dtype: ``rows`` (S, h) in
+    expert order, ``weights`` (S,) in token order (token t's k-th at ``t * top_k + k``), ``inverse``
+    (S,) the expert-order row of each (token, k) copy."""
+    if rows.is_cuda and kernels.AVAILABLE:
+        return kernels.combine(rows, weights, inverse, top_k)
+    return combine_torch(rows, weights, inverse, top_k)
+
+
+def combine_torch(rows: torch.Tensor, weights: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``combine`` in torch ops."""
+    weighted = rows[inverse].float() * weights[:, None].float()
+    return weighted.view(-1, top_k, rows.shape[-1]).sum(dim=1).to(rows.dtype)

@@ -34,7 +34,7 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
     DiffusionGemmaEncoderTextModel,
 )
 
-from slotread.engines import fused
+from slotread.engines import fused, kernels
 from slotread.engines.attention import MASKED, attend, merge
 
 logger = logging.getLogger(__name__)
@@ -341,13 +341,17 @@ def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: t
     counts = torch.zeros(experts.gate_up_proj.shape[0], dtype=torch.int32, device=flat.device)
     counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    gate, up = _grouped(hidden[order // k], experts.gate_up_proj, offsets).chunk(2, dim=-1)
-    out = _grouped(experts.act_fn(gate) * up, experts.down_proj, offsets)
-    return fused.combine(out, weights.reshape(-1)[order], inverse, k).to(hidden.dtype)
+    gate_up = _grouped(hidden[order // k], experts.gate_up_proj, offsets)
+    out = _grouped(fused.gated(gate_up, experts.act_fn), experts.down_proj, offsets)
+    return fused.combine(out, weights.reshape(-1), inverse, k).to(hidden.dtype)
 
 
 def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """rows (S, in) @ weight[e].T for each expert's run of rows; weight (E, out, in)."""
+    """rows (S, in) @ weight[e].T for each expert's run of rows; weight (E, out, in). A few rows per
+    expert (bfloat16 or half) go through the Triton kernel made for them, more through torch's."""
+    few = rows.shape[0] <= kernels.GROUPED_MAX_ROWS * weight.shape[0]
+    if few and rows.is_cuda and kernels.AVAILABLE and rows.dtype in (torch.bfloat16, torch.float16):
+        return kernels.grouped(rows, weight, offsets)
     grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
     return grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
 

@@ -1,0 +1,138 @@
+"""The Triton kernels of ``slotread/engines/kernels.py`` against the torch ops they replace, on one GPU.
+
+    PYTHONPATH=. python bench/kernels.py [--configs]
+
+Shapes of the 26B-A4B forward (hidden 2,816, 128 experts top-8 of 704, 8 kv heads of 256) at the
+token counts of bench/gpu_reads.py's scenarios: 64 (a single 64-token canvas), 192 (a decision's
+joint forward, padded), 4,096 and 8,192 (64 and 128 canvases). Prints, per kernel and size, the
+median time of each path, its achieved memory bandwidth (bytes it must move / time) and the largest
+difference between the two. ``--configs`` also times the grouped GEMM's candidate tile shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from slotread.engines import fused, kernels
+
+HIDDEN, EXPERTS, TOP_K, MOE = 2816, 128, 8, 704
+KV_HEADS, HEAD_DIM, GROUPS = 8, 256, 2
+
+
+def timed(fn: Callable[..., object], *args: object, iterations: int = 30) -> float:
+    """Median seconds of ``fn(*args)`` by CUDA events."""
+    for _ in range(3):
+        fn(*args)
+    times = []
+    for _ in range(iterations):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def routed(tokens: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random top-k routing: the expert-order ``inverse`` of each copy, the per-expert ``offsets``
+    and the copies' token index in expert order, as ``gemma_forward._experts`` builds them."""
+    index = torch.rand(tokens, EXPERTS, generator=generator).topk(TOP_K, dim=-1).indices.cuda()
+    flat = index.reshape(-1)
+    order = torch.argsort(flat)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    offsets = torch.cumsum(torch.bincount(flat, minlength=EXPERTS), 0, dtype=torch.int32)
+    return inverse, offsets, order // TOP_K
+
+
+def row(name: str, size: int, moved: float, old: float, new: float, delta: float) -> None:
+    print(
+        f"{name} | {size} | {old * 1e6:.0f} | {moved / old / 1e9:.0f} | {new * 1e6:.0f} | {moved / new / 1e9:.0f}"
+        f" | {old / new:.1f}x | {delta:.2g}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", action="store_true", help="also time the grouped GEMM's tile shapes")
+    args = parser.parse_args()
+    assert kernels.AVAILABLE, "needs Triton"
+    generator = torch.Generator().manual_seed(0)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
+    print("kernel | tokens | torch µs | torch GB/s | triton µs | triton GB/s | speed-up | max |Δ|")
+    combine_torch = torch.compile(fused.combine_torch, dynamic=True)
+    merge_torch = torch.compile(fused.merge_two_torch, dynamic=True)
+    for tokens in (64, 192, 4096, 8192):
+        inverse, offsets, _ = routed(tokens, generator)
+        rows = torch.randn(tokens * TOP_K, HIDDEN, **bf16)
+        weights = torch.rand(tokens * TOP_K, device="cuda")
+        old, new = combine_torch(rows, weights, inverse, TOP_K), kernels.combine(rows, weights, inverse, TOP_K)
+        moved = rows.numel() * 2 + tokens * HIDDEN * 2 + weights.numel() * 12
+        delta = float((old.float() - new.float()).abs().max())
+        row(
+            "combine",
+            tokens,
+            moved,
+            timed(combine_torch, rows, weights, inverse, TOP_K),
+            timed(kernels.combine, rows, weights, inverse, TOP_K),
+            delta,
+        )
+    for tokens in (64, 192, 4096, 8192):
+        canvases = max(1, tokens // 64)
+        queries = GROUPS * (tokens // canvases)
+        own = torch.randn(canvases, KV_HEADS, queries, HEAD_DIM, **bf16)
+        own_lse = torch.randn(canvases, KV_HEADS, queries + 32, device="cuda")[..., :queries]
+        # the shared part's output: one batch-1 attention over all rows' queries, viewed per row
+        shared = torch.randn(KV_HEADS, canvases, queries, HEAD_DIM, **bf16).transpose(0, 1)
+        shared_lse = torch.randn(KV_HEADS, canvases, queries, device="cuda").transpose(0, 1)
+        old = merge_torch(own, own_lse, shared, shared_lse)
+        new = kernels.merge_two(own, own_lse, shared, shared_lse)
+        moved = own.numel() * 6 + own_lse.numel() * 8
+        delta = float((old.float() - new.float()).abs().max())
+        row(
+            "merge",
+            tokens,
+            moved,
+            timed(merge_torch, own, own_lse, shared, shared_lse),
+            timed(kernels.merge_two, own, own_lse, shared, shared_lse),
+            delta,
+        )
+    grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
+    gate_up = torch.randn(EXPERTS, 2 * MOE, HIDDEN, **bf16) * 0.02
+    down = torch.randn(EXPERTS, HIDDEN, MOE, **bf16) * 0.02
+    configs: list[tuple[int, int, int, int] | None] = [None]  # None: the kernel's default for the shape
+    if args.configs:
+        configs += [(n, k, s, w) for n in (32, 64, 128) for k in (64, 128, 256) for s in (3, 4, 5) for w in (4,)]
+    for tokens in (64, 192, 512, 1024, 2048, 4096):
+        _, offsets, token_of = routed(tokens, generator)
+        for name, weight in (("grouped gate_up", gate_up), ("grouped down", down)):
+            rows = torch.randn(tokens, weight.shape[-1], **bf16)[token_of]
+            old = grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
+            hit = int((torch.diff(offsets, prepend=offsets.new_zeros(1)) > 0).sum())
+            moved = hit * weight[0].numel() * 2 + rows.numel() * 2 + old.numel() * 2
+            old_time = timed(lambda *a: grouped_mm(*a[:2], offs=a[2]), rows, weight.transpose(-2, -1), offsets)
+            best = None
+            for config in configs:
+                try:
+                    new_time = timed(kernels.grouped, rows, weight, offsets, config)
+                except Exception as error:  # a tile shape that does not fit this GPU's shared memory
+                    print(f"  {config}: {type(error).__name__}")
+                    continue
+                if args.configs:
+                    print(f"  {name} {tokens} {config}: {new_time * 1e6:.0f} µs", flush=True)
+                if best is None or new_time < best[0]:
+                    best = (new_time, config)
+            delta = float((old.float() - kernels.grouped(rows, weight, offsets).float()).abs().max())
+            assert best is not None
+            label = name if best[1] is None else f"{name} best {best[1]}"
+            row(label, tokens, moved, old_time, best[0], delta)
+
+
+if __name__ == "__main__":
+    main()

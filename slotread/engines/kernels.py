@@ -1,0 +1,208 @@
+"""Triton kernels for the memory-bound steps of the GPU forward where torch's kernels fell short.
+
+Profiles on an H200 (bench/RESULTS.md, bench/kernels.py) found:
+
+* two gathers running at 5-10x their memory time as ``torch.compile`` kernels: the expert combine
+  (each token's weighted sum of its top-k expert rows) and the attention merge (two parts' outputs
+  weighted by their log-sum-exps, one part a strided view). Here each is one pass, a program per
+  output row (block), reading each input once: 4-7x faster at 4,096 tokens;
+* torch's grouped GEMM reading the expert weights at ~2.9 TB/s when each expert has a few rows (a
+  single canvas: 64 tokens x 8 copies over 128 experts). ``grouped`` streams each expert's weights
+  once per block of 16 rows: 1.3-1.4x faster up to ~16 rows per expert, slower beyond.
+
+Each kernel computes a row from that row's inputs only, in a fixed order: results do not depend on
+the batch around a row (the deterministic mode relies on it), and there are no atomics.
+
+Triton is optional: without it (CPU-only installs) ``AVAILABLE`` is False and the callers run the
+same maths in torch. With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors, which is how the
+CPU tests check them against that maths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+AVAILABLE = triton is not None
+
+if triton is not None:
+
+    @triton.jit
+    def _combine_kernel(out, rows, weights, inverse, width, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = columns < width
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            row = tl.load(inverse + token * TOP_K + j).to(tl.int64)
+            weight = tl.load(weights + token * TOP_K + j).to(tl.float32)
+            total += tl.load(rows + row * width + columns, mask=inside, other=0.0).to(tl.float32) * weight
+        tl.store(out + token * width + columns, total.to(out.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _merge_kernel(
+        out,
+        first,
+        first_lse,
+        second,
+        second_lse,
+        heads,
+        queries,
+        dim,
+        f0,
+        f1,
+        f2,
+        fl0,
+        fl1,
+        fl2,
+        s0,
+        s1,
+        s2,
+        sl0,
+        sl1,
+        sl2,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)  # over (B, kvh, Q)
+        q = row % queries
+        h = (row // queries) % heads
+        b = row // (queries * heads)
+        a_lse = tl.load(first_lse + b * fl0 + h * fl1 + q * fl2)
+        b_lse = tl.load(second_lse + b * sl0 + h * sl1 + q * sl2)
+        peak = tl.maximum(a_lse, b_lse)
+        a_weight = tl.exp(a_lse - peak)
+        b_weight = tl.exp(b_lse - peak)
+        total = a_weight + b_weight
+        columns = tl.arange(0, BLOCK)
+        inside = columns < dim
+        a = tl.load(first + b * f0 + h * f1 + q * f2 + columns, mask=inside, other=0.0).to(tl.float32)
+        c = tl.load(second + b * s0 + h * s1 + q * s2 + columns, mask=inside, other=0.0).to(tl.float32)
+        merged = a * (a_weight / total) + c * (b_weight / total)
+        tl.store(out + row * dim + columns, merged.to(out.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _grouped_kernel(
+        out,
+        rows,
+        weight,
+        offsets,
+        n_out,
+        n_in,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        expert = tl.program_id(0)
+        start = tl.load(offsets + expert - 1, mask=expert > 0, other=0)
+        end = tl.load(offsets + expert)
+        columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        matrix = weight + expert.to(tl.int64) * n_out * n_in
+        for first in range(start, end, BLOCK_M):
+            m = first + tl.arange(0, BLOCK_M)
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, n_in, BLOCK_K):
+                k = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(
+                    rows + m[:, None].to(tl.int64) * n_in + k[None, :],
+                    mask=(m[:, None] < end) & (k[None, :] < n_in),
+                    other=0.0,
+                )
+                w = tl.load(
+                    matrix + columns[None, :] * n_in + k[:, None],
+                    mask=(columns[None, :] < n_out) & (k[:, None] < n_in),
+                    other=0.0,
+                )
+                total = tl.dot(x, w, total)
+            tl.store(
+                out + m[:, None].to(tl.int64) * n_out + columns[None, :],
+                total.to(out.dtype.element_ty),
+                mask=(m[:, None] < end) & (columns[None, :] < n_out),
+            )
+
+
+#: Hidden columns per combine program: 256 divides the 26B-A4B's 2,816 (11 programs per token).
+_COMBINE_BLOCK = 256
+
+
+def combine(rows: torch.Tensor, weights: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
+    """(T, h) in ``rows``' dtype: token t's sum over j < top_k of ``rows[inverse[t * top_k + j]]`` times
+    ``weights[t * top_k + j]``, accumulated in float32 in order j = 0, 1, ...; ``rows`` (S, h)."""
+    assert triton is not None
+    rows, weights, inverse = rows.contiguous(), weights.contiguous(), inverse.contiguous()
+    tokens, width = inverse.numel() // top_k, rows.shape[-1]
+    out = rows.new_empty((tokens, width))
+    if tokens:
+        grid = (tokens, triton.cdiv(width, _COMBINE_BLOCK))
+        _combine_kernel[grid](out, rows, weights, inverse, width, TOP_K=top_k, BLOCK=_COMBINE_BLOCK, num_warps=2)
+    return out
+
+
+def merge_two(
+    first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
+) -> torch.Tensor:
+    """``fused.merge_two`` as one pass over strided inputs: outputs (B, kvh, Q, d) with unit stride in
+    ``d`` and LSEs (B, kvh, Q); returns a contiguous (B, kvh, Q, d) in ``first``'s dtype."""
+    assert triton is not None
+    first, second = (t if t.stride(-1) == 1 else t.contiguous() for t in (first, second))
+    batch, heads, queries, dim = first.shape
+    out = first.new_empty(first.shape)
+    if out.numel():
+        _merge_kernel[(batch * heads * queries,)](
+            out,
+            first,
+            first_lse,
+            second,
+            second_lse,
+            heads,
+            queries,
+            dim,
+            *first.stride()[:3],
+            *first_lse.stride(),
+            *second.stride()[:3],
+            *second_lse.stride(),
+            BLOCK=triton.next_power_of_2(dim),
+            num_warps=2,
+        )
+    return out
+
+
+#: Up to this many rows per expert on average, ``grouped`` beats torch's grouped GEMM (bench/kernels.py)
+GROUPED_MAX_ROWS = 16
+
+#: (BLOCK_N, BLOCK_K, num_stages, num_warps) of the grouped GEMM by its input width: the best tile
+#: shapes bench/kernels.py --configs found at 64 tokens (rows come in blocks of 16, ``tl.dot``'s least)
+WIDE_CONFIG = (32, 256, 4, 4)  # the gate/up projection, 2,816 wide
+NARROW_CONFIG = (64, 128, 4, 4)  # the down projection, 704 wide
+
+
+def grouped(
+    rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, config: tuple[int, int, int, int] | None = None
+) -> torch.Tensor:
+    """``rows`` (S, in) @ ``weight[e]``.T for each expert e's run of rows (``offsets`` (E,): the
+    cumulative row counts), ``weight`` (E, out, in): the grouped GEMM of a few rows per expert, where
+    it is a pass over the weights (a program per expert and block of output columns). ``config``:
+    the tile shape (default by the input width)."""
+    assert triton is not None
+    experts, n_out, n_in = weight.shape
+    out = rows.new_empty((rows.shape[0], n_out))
+    block_n, block_k, stages, warps = config or (WIDE_CONFIG if n_in >= 2048 else NARROW_CONFIG)
+    grid = (experts, triton.cdiv(n_out, block_n))
+    _grouped_kernel[grid](
+        out,
+        rows.contiguous(),
+        weight.contiguous(),
+        offsets,
+        n_out,
+        n_in,
+        BLOCK_M=16,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_stages=stages,
+        num_warps=warps,
+    )
+    return out
