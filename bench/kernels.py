@@ -7,6 +7,10 @@ token counts of bench/gpu_reads.py's scenarios: 64 (a single 64-token canvas), 1
 joint forward, padded), 4,096 and 8,192 (64 and 128 canvases). Prints, per kernel and size, the
 median time of each path, its achieved memory bandwidth (bytes it must move / time) and the largest
 difference between the two. ``--configs`` also times the grouped GEMM's candidate tile shapes.
+
+Then attention as ``engines/attention.py`` calls it (the memory-efficient kernel, with the engine's
+additive bias) against cuDNN's fused attention with the same bias and, where no bias is needed,
+the flash kernel: the parts of (a)-(d) that dominate their attention time.
 """
 
 from __future__ import annotations
@@ -132,6 +136,87 @@ def main() -> None:
             assert best is not None
             label = name if best[1] is None else f"{name} best {best[1]}"
             row(label, tokens, moved, old_time, best[0], delta)
+    attention_rows()
+
+
+Bias = torch.Tensor | None
+
+
+def efficient(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: Bias) -> tuple[torch.Tensor, ...]:
+    """What ``attention.attend`` runs: output and LSE (B, kvh, Q)."""
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, keys, values, bias, True, 0.0, False, scale=1.0
+    )
+    return out, lse[..., : query.shape[2]]
+
+
+def cudnn(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: Bias) -> tuple[torch.Tensor, ...]:
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        query, keys, values, bias, True, 0.0, False, False, scale=1.0
+    )
+    return out, lse.reshape(query.shape[:3])
+
+
+def flash(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=1.0)[0]
+
+
+def attention_rows() -> None:
+    """Attention parts of the scenarios: the engine's kernel against cuDNN's and flash."""
+    from slotread.engines.attention import MASKED, _aligned
+
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    columns = "efficient µs | cuDNN µs | flash µs | max |Δ out| cuDNN | max |Δ lse| cuDNN"
+    print(f"\nattention part | shape q / k | bias | {columns}")
+    window = 1024
+    held = window - 1
+
+    def window_bias(rows: int, new: int) -> torch.Tensor:  # query t hides held keys j <= t - 1
+        token = torch.arange(GROUPS * new, device="cuda") % new
+        hidden = torch.arange(held, device="cuda")[None, :] <= token[:, None] + held - window
+        return torch.where(hidden, MASKED, 0.0).repeat(rows, 1)[None, None]
+
+    def causal_bias(new: int) -> torch.Tensor:
+        steps = torch.arange(new, device="cuda")
+        causal = (steps[None, :] <= steps[:, None]) & (steps[None, :] > steps[:, None] - window)
+        return torch.where(causal, 0.0, MASKED).repeat(GROUPS, 1)[None, None]
+
+    cases = [
+        ("(b)/(d) new tokens x parent, sliding", (1, KV_HEADS, 32 * GROUPS * 128, 256), held, window_bias(32, 128)),
+        ("(c) canvases x prompt, sliding", (1, KV_HEADS, 64 * GROUPS * 64, 256), held, None),
+        ("(c) canvases x prompt, full", (1, 2, 64 * 8 * 64, 512), 1600, None),
+        ("(a) prompt tokens causal, sliding", (8, KV_HEADS, GROUPS * 1600, 256), 1600, causal_bias(1600)),
+        (
+            "(b) canvases x own tokens + canvas",
+            (64, KV_HEADS, GROUPS * 64, 256),
+            164,
+            torch.zeros(64, 1, 1, 164, device="cuda"),
+        ),
+    ]
+    for name, shape, keys_len, bias in cases:
+        query = torch.randn(*shape, **bf16)
+        keys = torch.randn(shape[0], shape[1], keys_len, shape[3], **bf16)
+        values = torch.randn_like(keys)
+        fused_bias = None if bias is None else _aligned(bias, torch.bfloat16).expand(*query.shape[:3], -1)
+
+        args = (query, keys, values, fused_bias)
+        want, want_lse = efficient(*args)
+        cells = [f"{timed(efficient, *args) * 1e6:.0f}"]
+        try:
+            got, got_lse = cudnn(*args)
+            deltas = [
+                f"{float((got.float() - want.float()).abs().max()):.3g}",
+                f"{float((got_lse - want_lse).abs().max()):.3g}",
+            ]
+            cells.append(f"{timed(cudnn, *args) * 1e6:.0f}")
+        except Exception as error:  # a shape or bias this cuDNN does not take
+            deltas = ["", ""]
+            cells.append(type(error).__name__ + ": " + str(error).split("\n")[0][:80])
+        cells.append(f"{timed(flash, *args[:3]) * 1e6:.0f}" if bias is None and shape[3] <= 256 else "")
+        print(
+            " | ".join([name, f"{tuple(shape)} / {keys_len}", "yes" if bias is not None else "no", *cells, *deltas]),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
