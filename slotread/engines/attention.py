@@ -29,7 +29,9 @@ def attend(
 
     query (B, kvh, Q, d), keys/values (B, kvh, S, d), bias (B, 1, 1, S) or (B, 1, Q, S) float with
     0 for visible keys and ``MASKED`` for hidden ones, or None. Returns the output (B, kvh, Q, d) in
-    the query's dtype and the log-sum-exp (B, kvh, Q) in float32.
+    the query's dtype and the log-sum-exp (B, kvh, Q) in float32. On a GPU a fused kernel computes
+    it (cuDNN's where ``USE_CUDNN`` and the head size allow, else the memory-efficient one); on a
+    CPU, these matmuls in float32.
     """
     if keys.shape[-2] == 0:  # nothing to attend to: weight 0 in the merge
         return query.new_zeros((*query.shape[:-1], values.shape[-1])), query.new_full(
