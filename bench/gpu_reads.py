@@ -226,7 +226,11 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="fewer batch sizes")
     parser.add_argument("--only", default="abcd", help="the scenarios to time, e.g. 'bd' (default: all)")
-    parser.add_argument("--profile", action="store_true", help="print the top kernels of a (c) batch and stop")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile (c), (b) and (d) batches: top kernels, GPU idle time by phase; stop",
+    )
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     generator = torch.Generator().manual_seed(0)

@@ -5,10 +5,10 @@ Profiles on an H200 (bench/RESULTS.md, bench/kernels.py) found:
 * two gathers running at 5-10x their memory time as ``torch.compile`` kernels: the expert combine
   (each token's weighted sum of its top-k expert rows) and the attention merge (two parts' outputs
   weighted by their log-sum-exps, one part a strided view). Here each is one pass, a program per
-  output row (block), reading each input once: 4-7x faster at 4,096 tokens;
-* torch's grouped GEMM reading the expert weights at ~2.9 TB/s when each expert has a few rows (a
+  output row (block), reading each input once: 3.4x (merge) and 6.8x (combine) at 4,096 tokens;
+* torch's grouped GEMM reading the expert weights at 2.1-2.9 TB/s when each expert has a few rows (a
   single canvas: 64 tokens x 8 copies over 128 experts). ``grouped`` streams each expert's weights
-  once per block of 16 rows: 1.3-1.4x faster up to ~16 rows per expert, slower beyond.
+  once per block of 16 rows: 1.1-1.4x faster up to ~16 rows per expert, slower beyond.
 
 Each kernel computes a row from that row's inputs only, in a fixed order: results do not depend on
 the batch around a row (the deterministic mode relies on it), and there are no atomics.
