@@ -365,17 +365,14 @@ class DiffusionGemmaEngine:
         own_rows = torch.tensor([row[request.prompt_ids] for request in batch], device=self._model.device)
         masks = self._joint_masks(batch, deferred, sources)
         tokens = bucket(len(prompts)) * bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
-        layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        if self._graphs is not None and not self._graphs.failed and len(new.parents) == 1 and tokens <= GRAPH_TOKENS:
-            try:
-                layers, hidden = self._graphs.encode_decode(new, canvases, own_rows, masks)
-            except RuntimeError:  # a kernel that cannot be captured here: eager from now on
-                logger.warning("CUDA graph capture failed; running eagerly", exc_info=True)
-                self._graphs.failed = True
-        if layers is None:
-            layers, hidden = encode_decode(
+        joint = None
+        if self._graphs is not None and len(new.parents) == 1 and tokens <= GRAPH_TOKENS:
+            joint = self._graphs.encode_decode(new, canvases, own_rows, masks)
+        if joint is None:
+            joint = encode_decode(
                 self._decoder, self._config.layer_types, self._config.sliding_window, new, canvases, own_rows, masks
             )
+        layers, hidden = joint
         for ids, kv in zip(prompts, self._entries(parents, layers), strict=True):
             self.prefix_cache.put(ids, kv)
             boundaries[ids][len(ids)] = kv
@@ -430,12 +427,8 @@ class DiffusionGemmaEngine:
         )
         own = self._own_prompts(reads)
         hidden = None  # (B, C, H)
-        if self._graphs is not None and not self._graphs.failed and own is None and len(canvases.shared) == 1:
-            try:
-                hidden = self._graphs.decode(canvases)
-            except RuntimeError:  # a kernel that cannot be captured here: eager from now on
-                logger.warning("CUDA graph capture failed; decoding eagerly", exc_info=True)
-                self._graphs.failed = True
+        if self._graphs is not None and own is None and len(canvases.shared) == 1:
+            hidden = self._graphs.decode(canvases)
         if hidden is None:
             hidden = decode(self._decoder, self._config.layer_types, canvases, own)
         return self._head_at_slots(batch, hidden)

@@ -41,7 +41,10 @@ class _Graph:
 
 
 class ForwardGraphs:
-    """Replays captured forwards; at most ``max_graphs`` kept, least recently used dropped."""
+    """Replays captured forwards; at most ``max_graphs`` kept, least recently used dropped.
+
+    A forward that cannot be captured here (a kernel that refuses capture) returns None, and so does
+    every forward after it: the caller runs it eagerly."""
 
     def __init__(
         self, decoder: DiffusionGemmaDecoderModel, layer_types: Sequence[str], window: int, max_graphs: int = 8
@@ -52,9 +55,9 @@ class ForwardGraphs:
         self._graphs: OrderedDict[tuple[object, ...], _Graph] = OrderedDict()
         self._max_graphs = max_graphs
         self._pool = torch.cuda.graph_pool_handle()
-        self.failed = False  # a capture failed once: the engine stays eager
+        self._failed = False  # a capture failed once: every caller stays eager
 
-    def decode(self, canvases: Canvases) -> torch.Tensor:
+    def decode(self, canvases: Canvases) -> torch.Tensor | None:
         """``gemma_forward.decode`` for canvases that all read one shared part and nothing else; (B, C, H)."""
         (part,) = canvases.shared
         rows = canvases.tokens.shape[0]
@@ -67,12 +70,12 @@ class ForwardGraphs:
             return decode(self._decoder, self._layer_types, Canvases(static[0], static[1], static[2], [shared]), None)
 
         key = ("decode", padded, canvases.tokens.shape[1], tuple(k.shape[-2] for k in part.keys))
-        hidden: torch.Tensor = self._replay(key, [*inputs, *part.keys, *part.values], forward)
-        return hidden[:rows]
+        hidden: torch.Tensor | None = self._replay(key, [*inputs, *part.keys, *part.values], forward)
+        return None if hidden is None else hidden[:rows]
 
     def encode_decode(
         self, new: NewTokens, canvases: Canvases, own_rows: torch.Tensor, masks: JointMasks
-    ) -> tuple[KV, torch.Tensor]:
+    ) -> tuple[KV, torch.Tensor] | None:
         """``gemma_forward.encode_decode`` for new tokens that all continue one parent, which is also
         the canvases' one shared part, through the graph of its bucket (``padded``)."""
         (rows, length), canvas_rows = new.tokens.shape, canvases.tokens.shape[0]
@@ -102,25 +105,36 @@ class ForwardGraphs:
             )
 
         shapes = tuple(tuple(tensor.shape) for tensor in (*inputs, *part.keys))
-        kv, hidden = self._replay(("encode_decode", *shapes), [*inputs, *part.keys, *part.values], forward)
+        replayed = self._replay(("encode_decode", *shapes), [*inputs, *part.keys, *part.values], forward)
+        if replayed is None:
+            return None
+        kv, hidden = replayed
         # copies: the next replay overwrites the graph's outputs, and the prefix cache keeps these
         return [(k[:rows, :, :length].clone(), v[:rows, :, :length].clone()) for k, v in kv], hidden[:canvas_rows]
 
     def _replay(
         self, key: tuple[object, ...], inputs: list[torch.Tensor], forward: Callable[[list[torch.Tensor]], Any]
     ) -> Any:
-        """``forward`` of ``inputs`` through the graph captured for ``key`` (captured now if new)."""
+        """``forward`` of ``inputs`` through the graph captured for ``key`` (captured now if new); None
+        once a capture has failed."""
+        if self._failed:
+            return None
         graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._capture(key, inputs, forward)
-            self._graphs[key] = graph
-            while len(self._graphs) > self._max_graphs:
-                self._graphs.popitem(last=False)
-        else:
-            for static, source in zip(graph.inputs, inputs, strict=True):
-                static.copy_(source)
-        self._graphs.move_to_end(key)
-        graph.graph.replay()
+        try:
+            if graph is None:
+                graph = self._capture(key, inputs, forward)
+                self._graphs[key] = graph
+                while len(self._graphs) > self._max_graphs:
+                    self._graphs.popitem(last=False)
+            else:
+                for static, source in zip(graph.inputs, inputs, strict=True):
+                    static.copy_(source)
+            self._graphs.move_to_end(key)
+            graph.graph.replay()
+        except RuntimeError:  # a kernel that cannot be captured here: eager from now on
+            logger.warning("CUDA graph capture failed; running eagerly", exc_info=True)
+            self._failed = True
+            return None
         return graph.outputs
 
     def _capture(
