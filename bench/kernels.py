@@ -61,6 +61,19 @@ def row(name: str, size: int, moved: float, old: float, new: float, delta: float
     )
 
 
+def compared(
+    name: str,
+    tokens: int,
+    moved: float,
+    old: Callable[..., torch.Tensor],
+    new: Callable[..., torch.Tensor],
+    *args: object,
+) -> None:
+    """One row: ``old(*args)`` against ``new(*args)``, timed, and their largest difference."""
+    delta = float((old(*args).float() - new(*args).float()).abs().max())
+    row(name, tokens, moved, timed(old, *args), timed(new, *args), delta)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", action="store_true", help="also time the grouped GEMM's tile shapes")
@@ -73,20 +86,11 @@ def main() -> None:
     combine_torch = torch.compile(fused.combine_torch, dynamic=True)
     merge_torch = torch.compile(fused.merge_two_torch, dynamic=True)
     for tokens in (64, 192, 4096, 8192):
-        inverse, offsets, _ = routed(tokens, generator)
+        inverse, _, _ = routed(tokens, generator)
         rows = torch.randn(tokens * TOP_K, HIDDEN, **bf16)
         weights = torch.rand(tokens * TOP_K, device="cuda")
-        old, new = combine_torch(rows, weights, inverse, TOP_K), kernels.combine(rows, weights, inverse, TOP_K)
         moved = rows.numel() * 2 + tokens * HIDDEN * 2 + weights.numel() * 12
-        delta = float((old.float() - new.float()).abs().max())
-        row(
-            "combine",
-            tokens,
-            moved,
-            timed(combine_torch, rows, weights, inverse, TOP_K),
-            timed(kernels.combine, rows, weights, inverse, TOP_K),
-            delta,
-        )
+        compared("combine", tokens, moved, combine_torch, kernels.combine, rows, weights, inverse, TOP_K)
     for tokens in (64, 192, 4096, 8192):
         canvases = max(1, tokens // 64)
         queries = GROUPS * (tokens // canvases)
@@ -95,18 +99,8 @@ def main() -> None:
         # the shared part's output: one batch-1 attention over all rows' queries, viewed per row
         shared = torch.randn(KV_HEADS, canvases, queries, HEAD_DIM, **bf16).transpose(0, 1)
         shared_lse = torch.randn(KV_HEADS, canvases, queries, device="cuda").transpose(0, 1)
-        old = merge_torch(own, own_lse, shared, shared_lse)
-        new = kernels.merge_two(own, own_lse, shared, shared_lse)
         moved = own.numel() * 6 + own_lse.numel() * 8
-        delta = float((old.float() - new.float()).abs().max())
-        row(
-            "merge",
-            tokens,
-            moved,
-            timed(merge_torch, own, own_lse, shared, shared_lse),
-            timed(kernels.merge_two, own, own_lse, shared, shared_lse),
-            delta,
-        )
+        compared("merge", tokens, moved, merge_torch, kernels.merge_two, own, own_lse, shared, shared_lse)
     grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
     gate_up = torch.randn(EXPERTS, 2 * MOE, HIDDEN, **bf16) * 0.02
     down = torch.randn(EXPERTS, HIDDEN, MOE, **bf16) * 0.02
