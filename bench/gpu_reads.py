@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="profile (c), (b) and (d) batches: top kernels, GPU idle time by phase; stop",
+        help="profile (c), (b), (a) and (d) batches: top kernels, GPU idle time by phase; stop",
     )
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -240,7 +240,7 @@ def main() -> None:
     print(f"bf16 matmul 8192^3: {tflops:.0f} TFLOP/s; ceiling = 40% of it", flush=True)
 
     check_fp32_slice(generator)
-    check_cudnn(generator)
+    check_attention(generator)
 
     start = time.perf_counter()
     model = build(args.layers, torch.bfloat16)
@@ -284,6 +284,7 @@ def main() -> None:
         profile(
             lambda: engine.read([canvas_read((schema[0], ids(generator, 100)), 64, k) for k in range(32)]), "(b) B=32"
         )
+        profile(lambda: engine.read([canvas_read((ids(generator, 1600),), 64, k) for k in range(8)]), "(a) B=8")
         for concurrency in (1, 32):
             profile(
                 lambda c=concurrency: engine.read(
@@ -516,10 +517,11 @@ def check_fp32_slice(generator: torch.Generator) -> None:
     torch.cuda.empty_cache()
 
 
-def check_cudnn(generator: torch.Generator) -> None:
-    """The engine with cuDNN's attention against the memory-efficient kernel everywhere, in bfloat16 on
-    a 2-layer slice (two layers amplify rounding little): new states with their canvases after a
-    cached head, draws of a cached prompt, and prompts encoded from scratch."""
+def check_attention(generator: torch.Generator) -> None:
+    """The engine with cuDNN's attention, then also flash attention for the encoder, against the
+    memory-efficient kernel with the masks as biases everywhere, in bfloat16 on a 2-layer slice (two
+    layers amplify rounding little): new states with their canvases after a cached head, draws of a
+    cached prompt, and prompts encoded from scratch."""
     model = build(2, torch.bfloat16)
     head = ids(generator, 1500)
 
@@ -537,21 +539,20 @@ def check_cudnn(generator: torch.Generator) -> None:
 
     batches = reads()
     results = {}
-    for cudnn in (False, True):
-        attention.USE_CUDNN = cudnn
+    for kernels in ("efficient", "cudnn", "cudnn+flash"):
+        attention.USE_CUDNN, attention.USE_FLASH = kernels != "efficient", kernels == "cudnn+flash"
         engine = DiffusionGemmaEngine(model, shared_min=256)
-        results[cudnn] = [engine.read(batch) for batch in batches]
-    attention.USE_CUDNN = True
-    pairs = [
-        (a, b) for got, want in zip(results[True], results[False], strict=True) for a, b in zip(got, want, strict=True)
-    ]
-    delta = max(float(abs(a.logits[0] - b.logits[0]).max()) for a, b in pairs)
-    scale = max(float(abs(b.logits[0]).max()) for _, b in pairs)
-    print(
-        f"bf16 2-layer slice, cuDNN attention vs the memory-efficient kernel: max |Δ logit| {delta:.3g}"
-        f" on logits up to {scale:.1f}",
-        flush=True,
-    )
+        results[kernels] = [result for batch in batches for result in engine.read(batch)]
+    attention.USE_CUDNN = attention.USE_FLASH = True
+    want = results["efficient"]
+    scale = max(float(abs(b.logits[0]).max()) for b in want)
+    for kernels in ("cudnn", "cudnn+flash"):
+        delta = max(float(abs(a.logits[0] - b.logits[0]).max()) for a, b in zip(results[kernels], want, strict=True))
+        print(
+            f"bf16 2-layer slice, {kernels} attention vs the memory-efficient kernel: max |Δ logit| {delta:.3g}"
+            f" on logits up to {scale:.1f}",
+            flush=True,
+        )
     del model
     torch.cuda.empty_cache()
 
@@ -581,10 +582,12 @@ def check_graphs(
     """CUDA graph replay against eager: reads of one cached prompt (same row count, same kernels),
     and a new state encoded with its 3 canvases (the graph pads it to its bucket)."""
     draws = [canvas_read(prompt, 64, seed) for seed in range(8)]
+    engine.read(draws)  # a bucket's graph is captured on its second use
     graphed = engine.read(draws)
     eager = DiffusionGemmaEngine(engine._model, prefix_cache=engine.prefix_cache, cuda_graphs=False).read(draws)
     delta = max(float(abs(a.logits[0] - b.logits[0]).max()) for a, b in zip(eager, graphed, strict=True))
     print(f"bf16: 8 reads of a cached prompt, CUDA graph replay vs eager: max |Δ logit| {delta:.3g}", flush=True)
+    engine.read([canvas_read((prompt[0], ids(generator, 100)), 16, q) for q in range(3)])
     decision = [canvas_read((prompt[0], ids(generator, 100)), 16, q) for q in range(3)]
     graphed = engine.read(decision)
     # its own cache: it encodes the state too
@@ -592,7 +595,7 @@ def check_graphs(
     delta = max(float(abs(a.logits[0] - b.logits[0]).max()) for a, b in zip(eager, graphed, strict=True))
     scale = max(float(abs(b.logits[0]).max()) for b in eager)
     print(
-        f"bf16: a new state with 3 canvases, joint CUDA graph (new tokens padded 100 -> 128) vs eager:"
+        f"bf16: a new state with 3 canvases, joint CUDA graph (new tokens padded 100 -> 104) vs eager:"
         f" max |Δ logit| {delta:.3g} on logits up to {scale:.1f}",
         flush=True,
     )

@@ -56,6 +56,74 @@ def attend(
     return out.to(query.dtype), lse
 
 
+def attend_heads(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, causal: bool, left: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention in the projections' own layout, with grouped-query heads native and the mask given
+    by positions instead of a bias: query (B, L, H, d), keys/values (B, S, kvh, d), any batch strides
+    (an ``expand``-ed prompt KV shared by every row is read in place). Query i sits at S - L + i among
+    the keys: it sees key j when ``j >= S - L + i - left`` (``left`` None: no bound) and, if
+    ``causal``, ``j <= S - L + i``. Returns the output (B, L, H, d) and the LSE (B, L, H) in float32.
+
+    Runs where ``heads_ok`` says so: flash attention, or at head sizes over 256 (causal, no window,
+    L == S) the memory-efficient kernel's own causal mask over keys repeated per head. Neither reads a
+    bias or computes the blocks that the mask hides (bench/kernels.py: the encoder's causal sliding
+    window at 8 x 1,600 tokens 1.7 -> 0.5 ms per layer).
+    """
+    if query.shape[-1] <= FLASH_MAX_HEAD_DIM:
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            query,
+            keys,
+            values,
+            None,
+            None,
+            query.shape[1],
+            keys.shape[1],
+            0.0,
+            causal,
+            False,
+            scale=1.0,
+            window_size_left=left,
+        )
+        return out, lse.transpose(1, 2)
+    groups = query.shape[2] // keys.shape[2]
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query.transpose(1, 2),
+        keys.repeat_interleave(groups, dim=2).transpose(1, 2),
+        values.repeat_interleave(groups, dim=2).transpose(1, 2),
+        None,
+        True,
+        0.0,
+        True,
+        scale=1.0,
+    )
+    return out.transpose(1, 2), lse[..., : query.shape[1]].transpose(1, 2)
+
+
+def heads_ok(query: torch.Tensor, keys: torch.Tensor, causal: bool, left: int | None) -> bool:
+    """Whether ``attend_heads`` runs these inputs here: bfloat16 or half on a GPU with ``USE_FLASH``;
+    flash up to head size 256 with ``left`` None or >= 0; above that, causal without a window over as
+    many keys as queries."""
+    if not (USE_FLASH and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    if query.shape[-1] <= FLASH_MAX_HEAD_DIM:
+        return (left is None or left >= 0) and _flash_ok(query.shape[-1])
+    return causal and left is None and query.shape[1] == keys.shape[1] and _fused_ok(query.shape[-1])
+
+
+def grouped(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(B, L, H, d) queries as ``attend``'s (B, kvh, g * L, d) (a copy)."""
+    return query.transpose(1, 2).reshape(query.shape[0], kv_heads, -1, query.shape[-1])
+
+
+def ungrouped(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """``attend``'s output (B, kvh, g * L, d) or LSE (B, kvh, g * L) as (B, L, H, d) or (B, L, H): a
+    view of a contiguous input (head h is kv head h // g's query group h % g)."""
+    rows, kv_heads, queries, *rest = tensor.shape
+    split = tensor.reshape(rows, kv_heads, queries // length, length, *rest)
+    return split.movedim(3, 1).reshape(rows, length, -1, *rest)
+
+
 def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """The attention over the union of the parts' keys, from each part's (output, lse)."""
     if len(parts) == 1:
@@ -73,8 +141,15 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
 USE_CUDNN = True
 CUDNN_MAX_HEAD_DIM = 256
 
+#: Flash attention (``attend_heads``) for the encoder's causal and windowed parts, bfloat16 or half,
+#: head size up to 256. False: the encoder's attention goes through ``attend`` with its masks as biases
+#: (the reference that bench/gpu_reads.py compares flash with).
+USE_FLASH = True
+FLASH_MAX_HEAD_DIM = 256
+
 _FUSED_HEAD_DIMS: dict[int, bool] = {}
 _CUDNN_HEAD_DIMS: dict[int, bool] = {}
+_FLASH_HEAD_DIMS: dict[int, bool] = {}
 
 
 def _fused_ok(head_dim: int) -> bool:
@@ -87,6 +162,19 @@ def _fused_ok(head_dim: int) -> bool:
         except RuntimeError:
             _FUSED_HEAD_DIMS[head_dim] = False
     return _FUSED_HEAD_DIMS[head_dim]
+
+
+def _flash_ok(head_dim: int) -> bool:
+    """Whether flash attention runs this head size here, with grouped heads and a window (probed once
+    per size)."""
+    if head_dim not in _FLASH_HEAD_DIMS:
+        query = torch.randn(1, 8, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+        try:
+            attend_heads(query, query[:, :, :1], query[:, :, :1], True, 4)
+            _FLASH_HEAD_DIMS[head_dim] = True
+        except RuntimeError:
+            _FLASH_HEAD_DIMS[head_dim] = False
+    return _FLASH_HEAD_DIMS[head_dim]
 
 
 def _cudnn_ok(head_dim: int) -> bool:

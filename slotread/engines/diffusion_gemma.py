@@ -49,7 +49,7 @@ from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.attention import MASKED
 from slotread.engines.base import Family, ReadRequest, SlotScores
-from slotread.engines.forward_graphs import ForwardGraphs, bucket
+from slotread.engines.forward_graphs import ForwardGraphs, bucket, length_bucket
 from slotread.engines.gemma_forward import (
     Canvases,
     JointMasks,
@@ -364,7 +364,9 @@ class DiffusionGemmaEngine:
         canvases = self._canvases(batch, [len(request.prompt_ids) for request in batch], self._shared_parts(sources))
         own_rows = torch.tensor([row[request.prompt_ids] for request in batch], device=self._model.device)
         masks = self._joint_masks(batch, deferred, sources)
-        tokens = bucket(len(prompts)) * bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
+        tokens = (
+            bucket(len(prompts)) * length_bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
+        )
         joint = None
         if self._graphs is not None and len(new.parents) == 1 and tokens <= GRAPH_TOKENS:
             joint = self._graphs.encode_decode(new, canvases, own_rows, masks)

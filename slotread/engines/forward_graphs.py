@@ -6,11 +6,13 @@ and compiled-function guards take 75-130 ms where the GPU needs ~30 (bench/RESUL
 cases have a fixed shape per bucket, so each bucket's forward is captured once as a CUDA graph and
 replayed: inputs are copied into static buffers, the graph runs every kernel without the CPU.
 
-Buckets: rows (and a joint step's new tokens) are padded to a power of two or three quarters of
-one (``bucket``), so a few graphs serve every batch. Padded rows copy row 0 and their outputs are
-dropped; padded new tokens come after a row's own, which causal attention hides from them, and the
-canvases' masks hide them in turn. A graph holds its own copy of the prompt KV it was captured
-with, refreshed before every replay (a device copy, ~0.1 ms for a 1,600-token prompt).
+Buckets: rows are padded to a power of two or three quarters of one (``bucket``), a joint step's
+new tokens per row to an eighth of a power of two (``length_bucket``), so a few graphs serve every
+batch. Padded rows copy row 0 and their outputs are dropped; padded new tokens come after a row's
+own, which causal attention hides from them, and the canvases' masks hide them in turn. A graph holds
+its own copy of the prompt KV it was captured with, refreshed before every replay (a device copy,
+~0.1 ms for a 1,600-token prompt). A bucket is captured the second time it is asked for: a shape
+seen once runs eagerly rather than paying a capture and evicting a graph in use.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class _Graph:
 
 
 class ForwardGraphs:
-    """Replays captured forwards; at most ``max_graphs`` kept, least recently used dropped.
+    """Replays captured forwards; at most ``max_graphs`` kept, least recently used dropped, and
+    captured on a bucket's second use (the last ``max_graphs * 8`` buckets asked for are counted).
 
     A forward that cannot be captured here (a kernel that refuses capture) returns None, and so does
     every forward after it: the caller runs it eagerly."""
@@ -53,6 +56,7 @@ class ForwardGraphs:
         self._layer_types = list(layer_types)
         self._window = window
         self._graphs: OrderedDict[tuple[object, ...], _Graph] = OrderedDict()
+        self._asked: OrderedDict[tuple[object, ...], None] = OrderedDict()  # keys run eagerly once
         self._max_graphs = max_graphs
         self._pool = torch.cuda.graph_pool_handle()
         self._failed = False  # a capture failed once: every caller stays eager
@@ -115,11 +119,16 @@ class ForwardGraphs:
     def _replay(
         self, key: tuple[object, ...], inputs: list[torch.Tensor], forward: Callable[[list[torch.Tensor]], Any]
     ) -> Any:
-        """``forward`` of ``inputs`` through the graph captured for ``key`` (captured now if new); None
-        once a capture has failed."""
+        """``forward`` of ``inputs`` through the graph captured for ``key`` (captured now if asked for
+        before); None the first time, and once a capture has failed."""
         if self._failed:
             return None
         graph = self._graphs.get(key)
+        if graph is None and key not in self._asked:
+            self._asked[key] = None
+            while len(self._asked) > self._max_graphs * 8:
+                self._asked.popitem(last=False)
+            return None
         try:
             if graph is None:
                 graph = self._capture(key, inputs, forward)
@@ -159,11 +168,11 @@ def padded(
     new: NewTokens, canvases: Canvases, own_rows: torch.Tensor, masks: JointMasks
 ) -> tuple[NewTokens, Canvases, torch.Tensor, JointMasks]:
     """A joint forward's inputs (new tokens continuing one parent, the canvases' one shared part)
-    padded to their bucket: rows, new tokens and canvas rows to powers of two. Its outputs' first
+    padded to their bucket: rows and canvas rows by ``bucket``, new tokens by ``length_bucket``. Its outputs' first
     rows and new tokens are the unpadded forward's."""
     (part,), (canvas_part,) = new.parents, canvases.shared
     (rows, length), canvas_rows = new.tokens.shape, canvases.tokens.shape[0]
-    padded_rows, padded_length, padded_canvases = bucket(rows), bucket(length), bucket(canvas_rows)
+    padded_rows, padded_length, padded_canvases = bucket(rows), length_bucket(length), bucket(canvas_rows)
     steps = torch.arange(padded_length, device=new.tokens.device)
     new = NewTokens(
         _pad_rows(F.pad(new.tokens, (0, padded_length - length)), padded_rows),
@@ -191,6 +200,15 @@ def bucket(size: int) -> int:
     12, ...): at most a third wasted, two graphs per doubling."""
     power = 1 << (size - 1).bit_length()
     return power * 3 // 4 if power >= 4 and size <= power * 3 // 4 else power
+
+
+def length_bucket(size: int) -> int:
+    """``size`` new tokens per row rounded up to a multiple of an eighth of the power of two below it
+    (..., 64, 72, 80, ..., 128, 144, ...): every padded token costs a token's whole forward, so at
+    most an eighth is wasted (a 100-token state: 104, where ``bucket`` gives 128), eight graphs per
+    doubling."""
+    step = 1 << max(0, (size - 1).bit_length() - 4)
+    return -(-size // step) * step
 
 
 def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

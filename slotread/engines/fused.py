@@ -78,11 +78,46 @@ def norm_rotary(
 
 
 @_fused
-def gated(gate_up: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """The experts' gated activation ``activation(gate) * up`` of ``gate_up`` (S, 2 * I): one pass
-    instead of an activation and a product over strided halves."""
-    gate, up = gate_up.chunk(2, dim=-1)
+def gated(gate: torch.Tensor, up: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The gated activation ``activation(gate) * up`` of the MLPs and the experts: one pass instead
+    of an activation and a product (the experts' halves are strided views of one GEMM's output)."""
     return activation(gate) * up
+
+
+@_fused
+def attention_residual(
+    residual: torch.Tensor,
+    attended: torch.Tensor,
+    post: torch.Tensor,
+    pre_dense: torch.Tensor,
+    pre_experts: torch.Tensor,
+    router_scale: torch.Tensor,
+    router_root: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's hidden state after attention, ``residual + norm(attended)``, and the three inputs
+    read from it: normed for the dense MLP, for the experts, and for the router (its norm without a
+    weight, times its scale and ``router_root``), in one pass instead of nine."""
+    hidden = residual + _normed(attended, post, eps)
+    router = _normed(hidden, None, eps) * router_scale * router_root
+    return hidden, _normed(hidden, pre_dense, eps), _normed(hidden, pre_experts, eps), router
+
+
+@_fused
+def feed_forward_residual(
+    residual: torch.Tensor,
+    dense: torch.Tensor,
+    routed: torch.Tensor,
+    post_dense: torch.Tensor,
+    post_experts: torch.Tensor,
+    post: torch.Tensor,
+    scalar: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """A layer's output from its feed-forward halves: ``(residual + norm(norm(dense) +
+    norm(routed))) * scalar``, the library's order, in one pass."""
+    combined = _normed(dense, post_dense, eps) + _normed(routed, post_experts, eps)
+    return (residual + _normed(combined, post, eps)) * scalar
 
 
 def merge_two(

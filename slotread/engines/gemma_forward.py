@@ -32,16 +32,17 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
     DiffusionGemmaDecoderTextLayer,
     DiffusionGemmaEncoderTextLayer,
     DiffusionGemmaEncoderTextModel,
+    DiffusionGemmaTextRouter,
 )
 
 from slotread.engines import fused, kernels
-from slotread.engines.attention import MASKED, attend, merge
+from slotread.engines.attention import MASKED, attend, attend_heads, grouped, heads_ok, merge, ungrouped
 
 logger = logging.getLogger(__name__)
 
 Layer = DiffusionGemmaDecoderTextLayer | DiffusionGemmaEncoderTextLayer
-#: Per stream, (grouped queries (B, kvh, g * L, d), keys (B, kvh, L, d), values) -> the merged
-#: outputs (B, kvh, g * L, d), one per stream
+#: Per stream, (queries (B, L, H, d), keys (B, L, kvh, d), values) -> the attention outputs
+#: (B, L, H, d), one per stream
 Attend = Callable[[int, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]], list[torch.Tensor]]
 
 
@@ -93,10 +94,10 @@ def decode(
     as the library's first step)."""
 
     def attention(
-        index: int, grouped: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
+        index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
     ) -> list[torch.Tensor]:
         own_kv = None if own is None else (own.keys[index], own.values[index], own.bias[index])
-        return [_decoder_attention(index, grouped[0], keys[0], values[0], canvases, own_kv)]
+        return [_decoder_attention(index, queries[0], keys[0], values[0], canvases, own_kv)]
 
     batch, columns = canvases.tokens.shape
     hidden, rotary = _decoder_input(decoder, layer_types, canvases)
@@ -116,10 +117,10 @@ def encode(
     masks = _encoder_masks(new.tokens.shape[1], window, new.tokens.device)
 
     def attention(
-        index: int, grouped: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
+        index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
     ) -> list[torch.Tensor]:
-        kv.append((keys[0], values[0]))
-        return [_encoder_attention(index, grouped[0], keys[0], values[0], layer_types, window, masks, new.parents)]
+        kv.append((keys[0].transpose(1, 2), values[0].transpose(1, 2)))
+        return [_encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, masks, new.parents)]
 
     batch, length = new.tokens.shape
     hidden = encoder.embed_tokens(new.tokens)
@@ -162,13 +163,13 @@ def encode_decode(
     causal = _encoder_masks(length, window, new.tokens.device)
 
     def attention(
-        index: int, grouped: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
+        index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
     ) -> list[torch.Tensor]:
-        kv.append((keys[0], values[0]))
-        encoded = _encoder_attention(index, grouped[0], keys[0], values[0], layer_types, window, causal, new.parents)
+        kv.append((keys[0].transpose(1, 2), values[0].transpose(1, 2)))
+        encoded = _encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, causal, new.parents)
         kind = layer_types[index]
-        own = (keys[0][own_rows], values[0][own_rows], masks.own[kind])
-        decoded = _decoder_attention(index, grouped[1], keys[1], values[1], canvases, own, masks.shared.get(kind))
+        own = (keys[0][own_rows].transpose(1, 2), values[0][own_rows].transpose(1, 2), masks.own[kind])
+        decoded = _decoder_attention(index, queries[1], keys[1], values[1], canvases, own, masks.shared.get(kind))
         return [encoded, decoded]
 
     rows, columns = canvases.tokens.shape
@@ -230,22 +231,25 @@ def _layers(
 
 def _decoder_attention(
     index: int,
-    grouped: torch.Tensor,
+    query: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     canvases: Canvases,
     own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     shared_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Canvas queries against their own prompt tokens (if any: keys, values, bias) and canvas,
-    bidirectionally, merged with their shared part (``shared_bias`` (B, S) over its first keys)."""
-    own_keys, own_values, own_bias = keys, values, canvases.bias
+    """Canvas queries (B, C, H, d) against their own prompt tokens (if any: keys and values
+    (B, kvh, O, d), bias (B, O)) and canvas (keys (B, C, kvh, d)), bidirectionally, merged with their
+    shared part (``shared_bias`` (B, S) over its first keys); (B, C, H, d)."""
+    by_kv_head = grouped(query, keys.shape[2])
+    own_keys, own_values, own_bias = keys.transpose(1, 2), values.transpose(1, 2), canvases.bias
     if own is not None:
-        own_keys = torch.cat([own[0], keys], dim=2)
-        own_values = torch.cat([own[1], values], dim=2)
+        own_keys = torch.cat([own[0], own_keys], dim=2)
+        own_values = torch.cat([own[1], own_values], dim=2)
         own_bias = torch.cat([own[2], canvases.bias], dim=1)
-    own_part = attend(grouped, own_keys, own_values, own_bias[:, None, None, :].to(grouped.dtype))
-    return merge([own_part, _shared_attention(index, grouped, canvases.shared, row_bias=shared_bias)])
+    own_part = attend(by_kv_head, own_keys, own_values, own_bias[:, None, None, :].to(query.dtype))
+    merged = merge([own_part, _shared_attention(index, by_kv_head, canvases.shared, row_bias=shared_bias)])
+    return ungrouped(merged, query.shape[1])
 
 
 def _encoder_masks(new: int, window: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,7 +261,7 @@ def _encoder_masks(new: int, window: int, device: torch.device) -> tuple[torch.T
 
 def _encoder_attention(
     index: int,
-    grouped: torch.Tensor,
+    query: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     layer_types: Sequence[str],
@@ -265,21 +269,50 @@ def _encoder_attention(
     masks: tuple[torch.Tensor, torch.Tensor],
     parents: list[SharedPart],
 ) -> torch.Tensor:
-    """New tokens' queries, causally among themselves (within the window on a sliding layer),
-    merged with their parents' KV."""
+    """New tokens' queries (B, N, H, d), causally among themselves (within the window on a sliding
+    layer), merged with their parents' KV; (B, N, H, d). On a GPU flash attention applies the masks
+    by position (``attend_heads``); elsewhere they are ``masks``' biases."""
     sliding = layer_types[index] == "sliding_attention"
-    new = keys.shape[2]
-    groups = grouped.shape[2] // new  # g: the query heads per kv head
-    bias = masks[1 if sliding else 0].repeat(groups, 1).to(grouped.dtype)  # (g * N, N)
-    own_part = attend(grouped, keys, values, bias[None, None])
+    new, kv_heads = query.shape[1], keys.shape[2]
+    left = window - 1 if sliding else None  # query t sees the new tokens t - left .. t
+    if heads_ok(query, keys, True, left):
+        own_part = attend_heads(query, keys, values, True, left)
+    else:
+        bias = masks[1 if sliding else 0].repeat(query.shape[2] // kv_heads, 1).to(query.dtype)  # (g * N, N)
+        out, lse = attend(grouped(query, kv_heads), keys.transpose(1, 2), values.transpose(1, 2), bias[None, None])
+        own_part = ungrouped(out, new), ungrouped(lse, new)
     if not parents:
         return own_part[0]
-    return merge([own_part, _shared_attention(index, grouped, parents, window if sliding else None, new)])
+    return merge([own_part, _parent_attention(index, query, kv_heads, parents, window if sliding else None)])
+
+
+def _parent_attention(
+    index: int, query: torch.Tensor, kv_heads: int, parents: list[SharedPart], window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """New tokens' queries (B, N, H, d) against their parents' KV, which a ``window`` (a sliding
+    layer's) limits: query t sees the held keys up to ``window - 1`` positions before it. Returns the
+    output (B, N, H, d) and the LSE (B, N, H)."""
+    new = query.shape[1]
+    # held key j sits held - j positions before new token 0, so t sees j >= t + held - (window - 1)
+    left = None if window is None else window - 1 - new
+    first = parents[0].keys[index].transpose(1, 2)  # (1, S, kvh, d)
+    if heads_ok(query, first, False, left):
+        outs, lses, row = [], [], 0
+        for part in parents:  # each row reads its parent's KV in place (a stride-0 batch)
+            keys = part.keys[index].transpose(1, 2).expand(part.rows, -1, -1, -1)
+            values = part.values[index].transpose(1, 2).expand(part.rows, -1, -1, -1)
+            out, lse = attend_heads(query[row : row + part.rows], keys, values, False, left)
+            outs.append(out)
+            lses.append(lse)
+            row += part.rows
+        return (outs[0], lses[0]) if len(parents) == 1 else (torch.cat(outs), torch.cat(lses))
+    out, lse = _shared_attention(index, grouped(query, kv_heads), parents, window, new)
+    return ungrouped(out, new), ungrouped(lse, new)
 
 
 def _shared_attention(
     index: int,
-    grouped: torch.Tensor,
+    by_kv_head: torch.Tensor,
     parts: list[SharedPart],
     window: int | None = None,
     new: int = 0,
@@ -293,7 +326,7 @@ def _shared_attention(
     token 0, so it is hidden once ``t + held - j >= window``. ``row_bias`` (B, >= S) is each row's
     additive bias over its part's keys.
     """
-    kv_heads, queries, dim = grouped.shape[1], grouped.shape[2], grouped.shape[3]
+    kv_heads, queries, dim = by_kv_head.shape[1], by_kv_head.shape[2], by_kv_head.shape[3]
     outs, lses, row = [], [], 0
     for part in parts:
         keys, values = part.keys[index], part.values[index]
@@ -301,14 +334,14 @@ def _shared_attention(
         if row_bias is not None:
             held = keys.shape[-2]
             bias = row_bias[row : row + part.rows, :held].repeat_interleave(queries, dim=0)[None, None]
-            bias = bias.to(grouped.dtype)
+            bias = bias.to(by_kv_head.dtype)
         elif window is not None:
             held = keys.shape[-2]
-            token = torch.arange(queries, device=grouped.device) % new  # t of each grouped query
-            outside = torch.arange(held, device=grouped.device)[None, :] <= token[:, None] + held - window
-            bias = torch.where(outside, MASKED, 0.0).to(grouped.dtype).repeat(part.rows, 1)[None, None]
+            token = torch.arange(queries, device=by_kv_head.device) % new  # t of each by_kv_head query
+            outside = torch.arange(held, device=by_kv_head.device)[None, :] <= token[:, None] + held - window
+            bias = torch.where(outside, MASKED, 0.0).to(by_kv_head.dtype).repeat(part.rows, 1)[None, None]
         # the part's rows' queries as one batch-1 sequence: (1, kvh, rows * g * L, d)
-        batched = grouped[row : row + part.rows].transpose(0, 1).reshape(1, kv_heads, -1, dim)
+        batched = by_kv_head[row : row + part.rows].transpose(0, 1).reshape(1, kv_heads, -1, dim)
         out, lse = attend(batched, keys, values, bias)
         outs.append(out.reshape(kv_heads, part.rows, -1, dim).transpose(0, 1))
         lses.append(lse.reshape(kv_heads, part.rows, -1).transpose(0, 1))
@@ -341,8 +374,8 @@ def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: t
     counts = torch.zeros(experts.gate_up_proj.shape[0], dtype=torch.int32, device=flat.device)
     counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    gate_up = _grouped(hidden[order // k], experts.gate_up_proj, offsets)
-    out = _grouped(fused.gated(gate_up, experts.act_fn), experts.down_proj, offsets)
+    gate, up = _grouped(hidden[order // k], experts.gate_up_proj, offsets).chunk(2, dim=-1)
+    out = _grouped(fused.gated(gate, up, experts.act_fn), experts.down_proj, offsets)
     return fused.combine(out, weights.reshape(-1), inverse, k).to(hidden.dtype)
 
 
@@ -370,7 +403,6 @@ def _layer(
     (T, hidden), the tokens of ``streams`` (rows, length) one after another: every projection, the
     MLP and the experts over all tokens at once, the attention per stream. ``cos``/``sin`` (T, d)."""
     attn = layer.self_attn
-    residual = hidden
     normed = _norm(layer.input_layernorm, hidden)
     tokens = hidden.shape[0]  # T
     eps = float(getattr(attn.q_norm, "eps"))  # noqa: B009 (mypy types module attributes as Tensor | Module)
@@ -380,33 +412,57 @@ def _layer(
     values = attn.v_proj(normed).view(keys.shape) if attn.v_proj is not None else keys
     keys = fused.norm_rotary(keys, attn.k_norm.weight, eps, cos[None], sin[None])[0]  # (T, kvh, d)
     values = _norm(attn.v_norm, values)[0]
-    grouped, stream_keys, stream_values, start = [], [], [], 0
+    queries, stream_keys, stream_values, start = [], [], [], 0
     for rows, length in streams:
         span = slice(start, start + rows * length)
-        # (B, kvh, g * L, d): a kv head's g query heads as one longer query sequence
-        grouped.append(
-            query[span]
-            .view(rows, length, -1, attn.head_dim)
-            .transpose(1, 2)
-            .reshape(rows, keys.shape[1], -1, attn.head_dim)
-        )
-        stream_keys.append(keys[span].view(rows, length, -1, attn.head_dim).transpose(1, 2))  # (B, kvh, L, d)
-        stream_values.append(values[span].view(rows, length, -1, attn.head_dim).transpose(1, 2))
+        queries.append(query[span].view(rows, length, -1, attn.head_dim))  # (B, L, H, d)
+        stream_keys.append(keys[span].view(rows, length, -1, attn.head_dim))  # (B, L, kvh, d)
+        stream_values.append(values[span].view(rows, length, -1, attn.head_dim))
         start += rows * length
-    outputs = attention(index, grouped, stream_keys, stream_values)
-    flat = [
-        out.reshape(rows, -1, length, attn.head_dim).transpose(1, 2).reshape(rows * length, -1)
-        for out, (rows, length) in zip(outputs, streams, strict=True)
-    ]
+    outputs = attention(index, queries, stream_keys, stream_values)
+    flat = [out.reshape(rows * length, -1) for out, (rows, length) in zip(outputs, streams, strict=True)]
     merged = flat[0] if len(flat) == 1 else torch.cat(flat)
-    hidden = residual + _norm(layer.post_attention_layernorm, attn.o_proj(merged))
+    router = layer.router
+    hidden, dense_in, experts_in, router_in = fused.attention_residual(
+        hidden,
+        attn.o_proj(merged),
+        _weight(layer.post_attention_layernorm),
+        _weight(layer.pre_feedforward_layernorm),
+        _weight(layer.pre_feedforward_layernorm_2),
+        router.scale,
+        float(router.scalar_root_size),
+        float(router.eps),  # every norm of a layer has the config's rms_norm_eps
+    )
     if not feed_forward:
         return hidden
+    mlp = layer.mlp
+    dense = mlp.down_proj(fused.gated(mlp.gate_proj(dense_in), mlp.up_proj(dense_in), mlp.act_fn))
+    weights, experts = _route(router, router_in)
+    return fused.feed_forward_residual(
+        hidden,
+        dense,
+        _experts(layer, experts_in, experts, weights),
+        _weight(layer.post_feedforward_layernorm_1),
+        _weight(layer.post_feedforward_layernorm_2),
+        _weight(layer.post_feedforward_layernorm),
+        layer.layer_scalar,
+        float(router.eps),
+    )
 
-    residual = hidden
-    dense = _norm(layer.post_feedforward_layernorm_1, layer.mlp(_norm(layer.pre_feedforward_layernorm, hidden)))
-    _, weights, experts = layer.router(residual)
-    routed = _experts(layer, _norm(layer.pre_feedforward_layernorm_2, residual), experts, weights)
-    combined = dense + _norm(layer.post_feedforward_layernorm_2, routed)
-    hidden = residual + _norm(layer.post_feedforward_layernorm, combined)
-    return hidden * layer.layer_scalar
+
+def _route(router: DiffusionGemmaTextRouter, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The library router's top-k weights and experts (T, k) from its normed, scaled input
+    (``fused.attention_residual``)."""
+    top_k = router.config.top_k_experts
+    assert top_k is not None
+    probabilities = torch.softmax(router.proj(normed), dim=-1, dtype=torch.float32)
+    weights, experts = torch.topk(probabilities, top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights * router.per_expert_scale[experts], experts
+
+
+def _weight(norm: torch.nn.Module) -> torch.Tensor:
+    """An RMSNorm's weight (mypy types module attributes as Tensor | Module)."""
+    weight = norm.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight

@@ -13,7 +13,7 @@ from transformers import DiffusionGemmaForBlockDiffusion
 from slotread.engines.attention import MASKED
 from slotread.engines.base import ReadRequest, Slot
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
-from slotread.engines.forward_graphs import bucket, padded
+from slotread.engines.forward_graphs import bucket, length_bucket, padded
 from slotread.engines.gemma_forward import Canvases, JointMasks, NewTokens, SharedPart, encode_decode
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 
@@ -27,7 +27,14 @@ def test_buckets_are_powers_of_two_or_three_quarters_of_one() -> None:
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 96, 100, 128, 129)] == [1, 2, 3, 6, 8, 96, 128, 128, 192]
 
 
-@pytest.mark.parametrize("new", [5, 20])  # within the sliding window's 15 held tokens, and past it
+def test_length_buckets_are_eighths_of_a_power_of_two() -> None:
+    sizes = range(1, 2049)
+    assert [length_bucket(n) for n in (1, 8, 9, 64, 65, 100, 128, 129)] == [1, 8, 9, 64, 72, 104, 128, 144]
+    assert all(n <= length_bucket(n) < n * 9 / 8 + 1 for n in sizes)
+    assert len({length_bucket(n) for n in range(1025, 2049)}) == 8  # eight graphs per doubling
+
+
+@pytest.mark.parametrize("new", [5, 19])  # within the sliding window's 15 held tokens, and past it
 def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaForBlockDiffusion, new: int) -> None:
     generator = torch.Generator().manual_seed(3)
 
@@ -41,7 +48,7 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaF
     parent = engine.prefix_cache.get(schema)
     assert parent is not None
     held = config.sliding_window - 1
-    rows, canvas_rows, columns = 5, 5, 4  # padded to 6 rows, 6 canvas rows; 5 new tokens to 6, 20 to 24
+    rows, canvas_rows, columns = 5, 5, 4  # padded to 6 rows, 6 canvas rows; 5 new tokens stay 5, 19 become 20
     own_rows = torch.tensor([0, 1, 1, 4, 3])
     length = len(schema) + new
     skip = max(0, (length - held) - (len(schema) - held))  # the shared sliding keys out of a canvas's window
@@ -68,7 +75,10 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaF
     with torch.inference_mode():
         kv, hidden = encode_decode(*args, *inputs)
         padded_inputs = padded(*inputs)
-        assert padded_inputs[0].tokens.shape == (6, bucket(new)) and padded_inputs[1].tokens.shape == (6, columns)
+        assert padded_inputs[0].tokens.shape == (6, length_bucket(new)) and padded_inputs[1].tokens.shape == (
+            6,
+            columns,
+        )
         padded_kv, padded_hidden = encode_decode(*args, *padded_inputs)
     torch.testing.assert_close(padded_hidden[:canvas_rows], hidden, atol=1e-5, rtol=0)
     for (keys, values), (padded_keys, padded_values) in zip(kv, padded_kv, strict=True):
