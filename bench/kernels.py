@@ -131,6 +131,7 @@ def main() -> None:
             label = name if best[1] is None else f"{name} best {best[1]}"
             row(label, tokens, moved, old_time, best[0], delta)
     attention_rows()
+    flash_rows()
 
 
 Bias = torch.Tensor | None
@@ -211,6 +212,60 @@ def attention_rows() -> None:
             " | ".join([name, f"{tuple(shape)} / {keys_len}", "yes" if bias is not None else "no", *cells, *deltas]),
             flush=True,
         )
+
+
+def flash_rows() -> None:
+    """The encoder's parts through ``attention.attend_heads`` (flash; the memory-efficient kernel's own
+    causal mask at head size 512) against ``attention.attend`` with the masks as biases."""
+    from slotread.engines.attention import MASKED, attend_heads
+
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    window = 1024
+    print("\nencoder part | rows x new, keys | biased µs | attend_heads µs | max |Δ out| | max |Δ lse|")
+
+    def masked(new: int, keys: int, causal: bool, left: int | None) -> torch.Tensor:  # (N, S) bias
+        query = torch.arange(new, device="cuda")[:, None] + keys - new
+        key = torch.arange(keys, device="cuda")[None, :]
+        hidden = (key > query) if causal else torch.zeros_like(key > query)
+        if left is not None:
+            hidden |= key < query - left
+        return torch.where(hidden, MASKED, 0.0)
+
+    cases = [  # name, rows, new, heads, kv heads, head size, keys (None: the new tokens'), causal, left
+        ("(a) prompt causal, sliding", 8, 1600, 16, 8, 256, None, True, window - 1),
+        ("(a) prompt causal, full", 8, 1600, 16, 2, 512, None, True, None),
+        ("(b)/(d) new tokens causal, sliding", 32, 104, 16, 8, 256, None, True, window - 1),
+        ("(b)/(d) new tokens x parent, sliding", 32, 104, 16, 8, 256, window - 1, False, window - 1 - 104),
+    ]
+    for name, rows, new, heads, kv_heads, dim, parent, causal, left in cases:
+        query = torch.randn(rows, new, heads, dim, **bf16)
+        keys = torch.randn(1 if parent else rows, parent or new, kv_heads, dim, **bf16).expand(rows, -1, -1, -1)
+        values = torch.randn_like(keys[:1]).expand(rows, -1, -1, -1)
+        if not parent:
+            values = torch.randn_like(keys)
+        bias = masked(new, keys.shape[1], causal, left).repeat(heads // kv_heads, 1).to(torch.bfloat16)
+
+        (want, want_lse), (got, got_lse) = (
+            biased(query, keys, values, bias),
+            attend_heads(query, keys, values, causal, left),
+        )
+        cells = [
+            f"{timed(biased, query, keys, values, bias) * 1e6:.0f}",
+            f"{timed(attend_heads, query, keys, values, causal, left) * 1e6:.0f}",
+            f"{float((got.float() - want.float()).abs().max()):.3g}",
+            f"{float((got_lse - want_lse).abs().max()):.3g}",
+        ]
+        print(" | ".join([name, f"{rows} x {new}, {keys.shape[1]}", *cells]), flush=True)
+
+
+def biased(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention.attend`` over (B, L, H, d) queries and (B, S, kvh, d) keys with a (g * L, S) bias."""
+    from slotread.engines.attention import attend, grouped, ungrouped
+
+    out, lse = attend(grouped(query, keys.shape[2]), keys.transpose(1, 2), values.transpose(1, 2), bias[None, None])
+    return ungrouped(out, query.shape[1]), ungrouped(lse, query.shape[1])
 
 
 if __name__ == "__main__":
