@@ -100,6 +100,40 @@ def attend_heads(
     return out.transpose(1, 2), lse[..., : query.shape[1]].transpose(1, 2)
 
 
+def attend_runs(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query_starts: torch.Tensor,
+    key_starts: torch.Tensor,
+    key_counts: torch.Tensor,
+    max_queries: int,
+    max_keys: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash attention over runs: queries (Tq, H, d) ``query_starts[r]`` to ``query_starts[r + 1]``
+    see keys (Tk, kvh, d) ``key_starts[r]`` to ``key_starts[r] + key_counts[r]`` (int32 (R + 1,),
+    (R + 1,), (R,); ``max_*`` bound a run's length), without a mask. Where ``heads_ok`` allows.
+    Returns the output (Tq, H, d) and the LSE (Tq, H) in float32.
+
+    Many canvases reading the new tokens of their own state read them in place this way, with no
+    gather of each canvas's keys and no bias for the padding or the window."""
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        query,
+        keys,
+        values,
+        query_starts,
+        key_starts,
+        max_queries,
+        max_keys,
+        0.0,
+        False,
+        False,
+        scale=1.0,
+        seqused_k=key_counts,
+    )
+    return out, lse.transpose(0, 1)
+
+
 def heads_ok(query: torch.Tensor, keys: torch.Tensor, causal: bool, left: int | None) -> bool:
     """Whether ``attend_heads`` runs these inputs here: bfloat16 or half on a GPU with ``USE_FLASH``;
     flash up to head size 256 with ``left`` None or >= 0; above that, causal without a window over as

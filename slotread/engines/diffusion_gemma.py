@@ -41,7 +41,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import groupby
+from itertools import accumulate, groupby, pairwise
 
 import torch
 import torch.nn.functional as F
@@ -362,8 +362,9 @@ class DiffusionGemmaEngine:
         row = {ids: k for k, ids in enumerate(prompts)}
         sources = [(boundaries[r.prompt_ids][deferred[r.prompt_ids]], 0) for r in batch]
         canvases = self._canvases(batch, [len(request.prompt_ids) for request in batch], self._shared_parts(sources))
-        own_rows = torch.tensor([row[request.prompt_ids] for request in batch], device=self._model.device)
-        masks = self._joint_masks(batch, deferred, sources)
+        own = [row[request.prompt_ids] for request in batch]
+        own_rows = torch.tensor(own, device=self._model.device)
+        masks = self._joint_masks(batch, deferred, sources, own)
         tokens = (
             bucket(len(prompts)) * length_bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
         )
@@ -381,27 +382,36 @@ class DiffusionGemmaEngine:
         return self._head_at_slots(batch, hidden)
 
     def _joint_masks(
-        self, batch: list[ReadRequest], deferred: dict[Ids, int], sources: list[tuple[PrefixKV, int]]
+        self,
+        batch: list[ReadRequest],
+        deferred: dict[Ids, int],
+        sources: list[tuple[PrefixKV, int]],
+        own_rows: list[int],
     ) -> JointMasks:
-        """What each canvas of a joint forward sees: of its state's N new tokens, all in a full layer
-        and the last ``window - 1`` in a sliding one; of its parent's held sliding KV, the keys from
-        ``_skip`` on (the rest of its window)."""
+        """What each canvas of a joint forward sees: of its state's N new tokens (row ``own_rows``), all in
+        a full layer and the last ``window - 1`` in a sliding one; of its parent's held sliding KV, the
+        keys from ``_skip`` on (the rest of its window)."""
         new = len(batch[0].prompt_ids) - deferred[batch[0].prompt_ids]  # N: one length per joint forward
         kinds = self._config.layer_types
-        own = {kind: torch.zeros(len(batch), new) for kind in set(kinds)}
+        visible = {kind: torch.zeros(len(batch), new) for kind in set(kinds)}
         shared = {}
         if "sliding_attention" in kinds:
             index, window = kinds.index("sliding_attention"), self._config.sliding_window - 1
-            own["sliding_attention"] = torch.where(torch.arange(new) >= new - window, 0.0, MASKED).expand(
+            visible["sliding_attention"] = torch.where(torch.arange(new) >= new - window, 0.0, MASKED).expand(
                 len(batch), -1
             )
             held = max(kv.keys[index].shape[-2] for kv, _ in sources)
             skips = torch.tensor([self._skip(len(r.prompt_ids), deferred[r.prompt_ids]) for r in batch])
             shared["sliding_attention"] = torch.where(torch.arange(held)[None, :] >= skips[:, None], 0.0, MASKED)
         device = self._model.device
+        # a state's canvases in one run, states in row order (``_joint_chunks`` keeps a prompt's reads together)
+        in_order = all(a <= b for a, b in pairwise(own_rows))
+        counts = Counter(own_rows)
+        states = [0, *accumulate(counts[row] for row in range(len(counts)))]
         return JointMasks(
-            own={kind: bias.to(device) for kind, bias in own.items()},
+            own={kind: bias.to(device) for kind, bias in visible.items()},
             shared={kind: bias.to(device) for kind, bias in shared.items()},
+            states=torch.tensor(states, dtype=torch.int32, device=device) if in_order else None,
         )
 
     def _skip(self, length: int, split: int) -> int:

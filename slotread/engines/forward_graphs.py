@@ -87,17 +87,20 @@ class ForwardGraphs:
         (part,) = new.parents
         kinds, shared_kinds = sorted(masks.own), sorted(masks.shared)
         tensors = [new.tokens, new.positions, canvases.tokens, canvases.positions, canvases.bias, own_rows]
+        states = [] if masks.states is None else [masks.states]
         inputs = [
             *tensors,
             *(masks.own[kind] for kind in kinds),
             *(masks.shared[kind] for kind in shared_kinds),
+            *states,
         ]
-        own_at, shared_at, fixed, layers = len(tensors), len(tensors) + len(kinds), len(inputs), len(part.keys)
+        own_at, shared_at = len(tensors), len(tensors) + len(kinds)
+        states_at, fixed, layers = shared_at + len(shared_kinds), len(inputs), len(part.keys)
 
         def forward(static: list[torch.Tensor]) -> tuple[KV, torch.Tensor]:
             keys, values = tuple(static[fixed : fixed + layers]), tuple(static[fixed + layers :])
             own = dict(zip(kinds, static[own_at:shared_at], strict=True))
-            shared = dict(zip(shared_kinds, static[shared_at:fixed], strict=True))
+            shared = dict(zip(shared_kinds, static[shared_at:states_at], strict=True))
             return encode_decode(
                 self._decoder,
                 self._layer_types,
@@ -105,7 +108,7 @@ class ForwardGraphs:
                 NewTokens(static[0], static[1], [SharedPart(part.rows, keys, values)]),
                 Canvases(static[2], static[3], static[4], [SharedPart(canvases.shared[0].rows, keys, values)]),
                 static[5],
-                JointMasks(own, shared),
+                JointMasks(own, shared, static[states_at] if states else None),
             )
 
         shapes = tuple(tuple(tensor.shape) for tensor in (*inputs, *part.keys))
@@ -191,6 +194,7 @@ def padded(
             for kind, bias in masks.own.items()
         },
         shared={kind: _pad_rows(bias, padded_canvases) for kind, bias in masks.shared.items()},
+        states=None if masks.states is None else _pad_states(masks.states, padded_rows, padded_canvases),
     )
     return new, canvases, _pad_rows(own_rows, padded_canvases), masks
 
@@ -209,6 +213,14 @@ def length_bucket(size: int) -> int:
     doubling."""
     step = 1 << max(0, (size - 1).bit_length() - 4)
     return -(-size // step) * step
+
+
+def _pad_states(states: torch.Tensor, rows: int, canvases: int) -> torch.Tensor:
+    """``JointMasks.states`` for ``rows`` new-token rows and ``canvases`` canvas rows: padded rows
+    have no canvases but the last row's run takes the padded canvases (their outputs are dropped)."""
+    padded = torch.cat([states, states[-1:].expand(rows + 1 - states.shape[0])])
+    padded[-1] = canvases
+    return padded
 
 
 def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

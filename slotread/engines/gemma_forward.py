@@ -36,7 +36,16 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
 )
 
 from slotread.engines import fused, kernels
-from slotread.engines.attention import MASKED, attend, attend_heads, grouped, heads_ok, merge, ungrouped
+from slotread.engines.attention import (
+    MASKED,
+    attend,
+    attend_heads,
+    attend_runs,
+    grouped,
+    heads_ok,
+    merge,
+    ungrouped,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,11 +142,15 @@ def encode(
 @dataclass(frozen=True)
 class JointMasks:
     """What the canvases of ``encode_decode`` see, per layer kind, as additive biases: ``own``
-    (B_c, N) over their row's new tokens, ``shared`` (B_c, S) over the first S keys of their shared
-    part (a kind without an entry sees the whole part)."""
+    (B_c, N) over their row's new tokens (one visible run per row: the window's, before padding),
+    ``shared`` (B_c, S) over the first S keys of their shared part (a kind without an entry sees the
+    whole part). ``states`` (B + 1,) int32, where each new-token row's canvases are consecutive and
+    in row order: row r's canvases are ``states[r]`` to ``states[r + 1]`` (on a GPU they then read
+    their row's new tokens in place, ``attention.attend_runs``); None where they are not."""
 
     own: dict[str, torch.Tensor]
     shared: dict[str, torch.Tensor]
+    states: torch.Tensor | None = None
 
 
 def encode_decode(
@@ -161,6 +174,7 @@ def encode_decode(
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     length = new.tokens.shape[1]  # N
     causal = _encoder_masks(length, window, new.tokens.device)
+    runs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # per kind: the visible new tokens' runs
 
     def attention(
         index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
@@ -168,8 +182,15 @@ def encode_decode(
         kv.append((keys[0].transpose(1, 2), values[0].transpose(1, 2)))
         encoded = _encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, causal, new.parents)
         kind = layer_types[index]
-        own = (keys[0][own_rows].transpose(1, 2), values[0][own_rows].transpose(1, 2), masks.own[kind])
-        decoded = _decoder_attention(index, queries[1], keys[1], values[1], canvases, own, masks.shared.get(kind))
+        if masks.states is not None and heads_ok(queries[1], keys[1], False, None):
+            if kind not in runs:
+                runs[kind] = _visible_runs(masks.own[kind], masks.states)
+            decoded = _joint_canvas_attention(
+                index, queries[1], keys, values, canvases, masks.states, runs[kind], masks.shared.get(kind)
+            )
+        else:
+            own = (keys[0][own_rows].transpose(1, 2), values[0][own_rows].transpose(1, 2), masks.own[kind])
+            decoded = _decoder_attention(index, queries[1], keys[1], values[1], canvases, own, masks.shared.get(kind))
         return [encoded, decoded]
 
     rows, columns = canvases.tokens.shape
@@ -250,6 +271,62 @@ def _decoder_attention(
     own_part = attend(by_kv_head, own_keys, own_values, own_bias[:, None, None, :].to(query.dtype))
     merged = merge([own_part, _shared_attention(index, by_kv_head, canvases.shared, row_bias=shared_bias)])
     return ungrouped(merged, query.shape[1])
+
+
+def _joint_canvas_attention(
+    index: int,
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    canvases: Canvases,
+    states: torch.Tensor,
+    runs: tuple[torch.Tensor, torch.Tensor],
+    shared_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """``_decoder_attention`` for canvases grouped by state (``JointMasks.states``), in three parts
+    merged: each state's canvases against its visible new tokens (``runs``: where they start in the
+    flat new tokens and how many), each canvas against itself, both read in place by flash attention
+    (no per-canvas copy of its state's keys, no bias), and the shared part. ``keys``/``values``: the
+    new tokens' (B, N, kvh, d) and the canvases' (B_c, C, kvh, d); returns (B_c, C, H, d)."""
+    rows, columns, heads, dim = query.shape
+    flat = query.reshape(rows * columns, heads, dim)
+    starts, counts = runs
+    new_part = attend_runs(
+        flat,
+        keys[0].flatten(0, 1),
+        values[0].flatten(0, 1),
+        states * columns,
+        starts,
+        counts,
+        flat.shape[0],
+        keys[0].shape[1],
+    )
+    canvas_starts = torch.arange(0, (rows + 1) * columns, columns, dtype=torch.int32, device=query.device)
+    lengths = (canvases.bias == 0).sum(-1, dtype=torch.int32)  # a canvas's own columns, before its padding
+    canvas_part = attend_runs(
+        flat, keys[1].flatten(0, 1), values[1].flatten(0, 1), canvas_starts, canvas_starts, lengths, columns, columns
+    )
+    out, lse = _shared_attention(index, grouped(query, keys[1].shape[2]), canvases.shared, row_bias=shared_bias)
+    parts = [
+        (part.view(rows, columns, heads, dim), part_lse.view(rows, columns, heads))
+        for part, part_lse in (new_part, canvas_part)
+    ]
+    return merge([*parts, (ungrouped(out, columns), ungrouped(lse, columns))])
+
+
+def _visible_runs(own: torch.Tensor, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each state's visible new tokens start in the flat (B * N) new tokens, (B + 1,) int32
+    (the last entry unread), and how many there are, (B,): the run of zeros in the ``own`` bias
+    (B_c, N) row of its first canvas (a state without canvases, padding, reads none of them)."""
+    visible = own == 0
+    first = visible.int().argmax(dim=-1).int()  # (B_c,)
+    count = visible.sum(dim=-1, dtype=torch.int32)
+    rows, length = states.shape[0] - 1, own.shape[1]
+    canvas = states[:-1].clamp(max=own.shape[0] - 1).long()
+    has = states[1:] > states[:-1]
+    starts = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=own.device)
+    starts[:-1] += torch.where(has, first[canvas], 0)
+    return starts, torch.where(has, count[canvas], 0)
 
 
 def _encoder_masks(new: int, window: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,7 +423,7 @@ def _shared_attention(
         outs.append(out.reshape(kv_heads, part.rows, -1, dim).transpose(0, 1))
         lses.append(lse.reshape(kv_heads, part.rows, -1).transpose(0, 1))
         row += part.rows
-    return torch.cat(outs), torch.cat(lses)
+    return (outs[0], lses[0]) if len(parts) == 1 else (torch.cat(outs), torch.cat(lses))
 
 
 def _norm(module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,8 @@ from transformers import DiffusionGemmaForBlockDiffusion
 from slotread.engines.attention import MASKED
 from slotread.engines.base import ReadRequest, Slot
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
-from slotread.engines.forward_graphs import bucket, length_bucket, padded
-from slotread.engines.gemma_forward import Canvases, JointMasks, NewTokens, SharedPart, encode_decode
+from slotread.engines.forward_graphs import _pad_states, bucket, length_bucket, padded
+from slotread.engines.gemma_forward import Canvases, JointMasks, NewTokens, SharedPart, _visible_runs, encode_decode
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 
 
@@ -84,3 +84,19 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaF
     for (keys, values), (padded_keys, padded_values) in zip(kv, padded_kv, strict=True):
         torch.testing.assert_close(padded_keys[:rows, :, :new], keys, atol=1e-5, rtol=0)
         torch.testing.assert_close(padded_values[:rows, :, :new], values, atol=1e-5, rtol=0)
+
+
+def test_padded_states_have_no_canvases_and_the_last_run_takes_the_padded_canvases() -> None:
+    states = torch.tensor([0, 2, 3, 5], dtype=torch.int32)  # 3 new-token rows, 5 canvases
+    assert _pad_states(states, 4, 6).tolist() == [0, 2, 3, 5, 6]
+    assert _pad_states(states, 3, 6).tolist() == [0, 2, 3, 6]
+
+
+def test_visible_runs_find_each_states_window_in_the_flat_new_tokens() -> None:
+    new = 6
+    window = torch.where(torch.arange(new) >= 2, 0.0, MASKED)  # tokens 2..5 visible
+    padded_window = torch.tensor([MASKED, 0.0, 0.0, 0.0, 0.0, MASKED])  # 1..4, then padding
+    own = torch.stack([window, window, window, padded_window])  # canvases 0-2 read row 0, canvas 3 row 1
+    states = torch.tensor([0, 3, 4, 4], dtype=torch.int32)  # row 2 (padding) has no canvases
+    starts, counts = _visible_runs(own, states)
+    assert starts.tolist()[:3] == [2, new + 1, 2 * new] and counts.tolist() == [4, 4, 0]
