@@ -27,14 +27,14 @@ def test_buckets_are_powers_of_two_or_three_quarters_of_one() -> None:
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 96, 100, 128, 129)] == [1, 2, 3, 6, 8, 96, 128, 128, 192]
 
 
-def test_length_buckets_are_eighths_of_a_power_of_two() -> None:
+def test_length_buckets_are_sixteenths_of_a_power_of_two() -> None:
     sizes = range(1, 2049)
-    assert [length_bucket(n) for n in (1, 8, 9, 64, 65, 100, 128, 129)] == [1, 8, 9, 64, 72, 104, 128, 144]
-    assert all(n <= length_bucket(n) < n * 9 / 8 + 1 for n in sizes)
-    assert len({length_bucket(n) for n in range(1025, 2049)}) == 8  # eight graphs per doubling
+    assert [length_bucket(n) for n in (1, 32, 33, 64, 65, 100, 128, 129)] == [1, 32, 34, 64, 68, 100, 128, 136]
+    assert all(n <= length_bucket(n) < n * 17 / 16 + 1 for n in sizes)
+    assert len({length_bucket(n) for n in range(1025, 2049)}) == 16  # sixteen graphs per doubling
 
 
-@pytest.mark.parametrize("new", [5, 19])  # within the sliding window's 15 held tokens, and past it
+@pytest.mark.parametrize("new", [5, 37])  # within the sliding window's 15 held tokens, and past it
 def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaForBlockDiffusion, new: int) -> None:
     generator = torch.Generator().manual_seed(3)
 
@@ -48,7 +48,7 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaF
     parent = engine.prefix_cache.get(schema)
     assert parent is not None
     held = config.sliding_window - 1
-    rows, canvas_rows, columns = 5, 5, 4  # padded to 6 rows, 6 canvas rows; 5 new tokens stay 5, 19 become 20
+    rows, canvas_rows, columns = 5, 5, 4  # padded to 6 rows, 6 canvas rows; 5 new tokens stay 5, 37 become 38
     own_rows = torch.tensor([0, 1, 1, 4, 3])
     length = len(schema) + new
     skip = max(0, (length - held) - (len(schema) - held))  # the shared sliding keys out of a canvas's window
