@@ -293,10 +293,8 @@ class DiffusionGemmaEngine:
             if run[0] is not None
         ]
         return NewTokens(
-            tokens=torch.tensor(
-                [prefix[start:] for prefix, start in zip(prefixes, starts, strict=True)], device=device
-            ),
-            positions=torch.tensor([list(range(start, start + new)) for start in starts], device=device),
+            tokens=_on(device, [prefix[start:] for prefix, start in zip(prefixes, starts, strict=True)]),
+            positions=_on(device, [list(range(start, start + new)) for start in starts]),
             parents=parts,
         )
 
@@ -363,7 +361,7 @@ class DiffusionGemmaEngine:
         sources = [(boundaries[r.prompt_ids][deferred[r.prompt_ids]], 0) for r in batch]
         canvases = self._canvases(batch, [len(request.prompt_ids) for request in batch], self._shared_parts(sources))
         own = [row[request.prompt_ids] for request in batch]
-        own_rows = torch.tensor(own, device=self._model.device)
+        own_rows = _on(self._model.device, own)
         masks = self._joint_masks(batch, deferred, sources, own)
         tokens = (
             bucket(len(prompts)) * length_bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
@@ -409,9 +407,9 @@ class DiffusionGemmaEngine:
         counts = Counter(own_rows)
         states = [0, *accumulate(counts[row] for row in range(len(counts)))]
         return JointMasks(
-            own={kind: bias.to(device) for kind, bias in visible.items()},
-            shared={kind: bias.to(device) for kind, bias in shared.items()},
-            states=torch.tensor(states, dtype=torch.int32, device=device) if in_order else None,
+            own={kind: bias.to(device, non_blocking=True) for kind, bias in visible.items()},
+            shared={kind: bias.to(device, non_blocking=True) for kind, bias in shared.items()},
+            states=_on(device, states, torch.int32) if in_order else None,
         )
 
     def _skip(self, length: int, split: int) -> int:
@@ -461,9 +459,9 @@ class DiffusionGemmaEngine:
             positions.append(list(range(length, length + columns)))
             canvas_bias.append([0.0] * len(noised) + [MASKED] * fill)
         return Canvases(
-            tokens=torch.tensor(canvases, device=device),  # (B, C)
-            positions=torch.tensor(positions, device=device),  # (B, C)
-            bias=torch.tensor(canvas_bias, device=device),  # (B, C)
+            tokens=_on(device, canvases),  # (B, C)
+            positions=_on(device, positions),  # (B, C)
+            bias=_on(device, canvas_bias),  # (B, C)
             shared=shared,
         )
 
@@ -473,7 +471,7 @@ class DiffusionGemmaEngine:
         device = self._model.device
         rows = [r for r, request in enumerate(batch) for _ in request.slots]
         cols = [slot.position for request in batch for slot in request.slots]
-        at_slots = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]  # (S, H)
+        at_slots = hidden[_on(device, rows), _on(device, cols)]  # (S, H)
         logits = self._head(at_slots).to(torch.float32)  # (S, V)
         return self._softcap * torch.tanh(logits / self._softcap), at_slots
 
@@ -523,7 +521,7 @@ class DiffusionGemmaEngine:
                     width,
                 )
             )
-            biases.append(torch.tensor([[MASKED] * (width - o) + [0.0] * o for o in own], device=self._model.device))
+            biases.append(_on(self._model.device, [[MASKED] * (width - o) + [0.0] * o for o in own]))
         return OwnPrompt(tuple(keys), tuple(values), tuple(biases))
 
     def _check(self, index: int, request: ReadRequest) -> None:
@@ -555,6 +553,13 @@ def _tied(model: DiffusionGemmaForBlockDiffusion) -> bool:
     if not tied:
         logger.warning("the encoder's layers are not tied to the decoder's: no joint encoding")
     return tied
+
+
+def _on(device: torch.device, data: object, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.tensor(data)`` on ``device`` without a stream sync: a blocking host-to-device copy waits
+    for every queued kernel, so the host could not launch a forward (the decoder's) while the GPU
+    still runs the last (the encoder's); from pageable memory the copy stages the data at once."""
+    return torch.tensor(data, dtype=dtype).to(device, non_blocking=True)
 
 
 def _left_padded(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
