@@ -8,7 +8,13 @@ without copying the prompt's KV into every row (what ``torch.cat`` in the librar
 Grouped-query attention: ``H`` query heads share ``kvh`` key/value heads in contiguous groups of
 ``g = H // kvh`` (head ``h`` reads kv head ``h // g``), so a (B, H, L, d) query viewed as
 (B, kvh, g * L, d) attends to (B, kvh, S, d) keys as plain multi-head attention, without repeating
-the keys.
+the keys (``attend``, with masks as additive biases: cuDNN's or the memory-efficient kernel on a
+GPU, matmuls on a CPU).
+
+Where a mask is a position rule, flash attention takes the projections' own layout, grouped heads
+native, and skips the blocks the mask hides instead of reading a bias: a causal or sliding window
+(``attend_heads``), and runs of queries reading runs of keys in place (``attend_runs``). Both run
+in bfloat16 or half on a GPU only (``heads_ok``); the callers fall back to ``attend`` elsewhere.
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ canvases). Here each layer attends in parts whose results merge exactly (``engin
   part (if any) and its canvas, bidirectionally; in the encoder the new tokens, causally.
 
 Norms, projections, the dense MLP, the router and the experts use the library's modules' weights in
-the library's order (on a GPU the RMSNorm is one compiled kernel and the experts two grouped GEMMs);
-the float32 tests compare with the library's own forward. The encoder skips the last layer's
+the library's order (on a GPU a layer's residual adds, norms and router input are two compiled
+passes, and the experts two grouped GEMMs); the float32 tests compare with the library's own
+forward. On a GPU the encoder's causal and sliding masks, and the joint canvases' reads of their
+state's new tokens, are given to flash attention by position (``attention.attend_heads`` and
+``attend_runs``) instead of as biases. The encoder skips the last layer's
 feed-forward and the final norm: a prompt's KV never reads them.
 
 A layer runs over a flat token matrix holding one or more *streams* (rows x length each): every
