@@ -97,7 +97,7 @@ def attention_residual(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's hidden state after attention, ``residual + norm(attended)``, and the three inputs
     read from it: normed for the dense MLP, for the experts, and for the router (its norm without a
-    weight, times its scale and ``router_root``), in one pass instead of nine."""
+    weight, times its scale and ``router_root``), compiled together instead of a pass per op."""
     hidden = residual + _normed(attended, post, eps)
     router = _normed(hidden, None, eps) * router_scale * router_root
     return hidden, _normed(hidden, pre_dense, eps), _normed(hidden, pre_experts, eps), router
@@ -115,7 +115,7 @@ def feed_forward_residual(
     eps: float,
 ) -> torch.Tensor:
     """A layer's output from its feed-forward halves: ``(residual + norm(norm(dense) +
-    norm(routed))) * scalar``, the library's order, in one pass."""
+    norm(routed))) * scalar``, the library's order, compiled together."""
     combined = _normed(dense, post_dense, eps) + _normed(routed, post_experts, eps)
     return (residual + _normed(combined, post, eps)) * scalar
 

@@ -417,7 +417,7 @@ def _shared_attention(
             bias = bias.to(by_kv_head.dtype)
         elif window is not None:
             held = keys.shape[-2]
-            token = torch.arange(queries, device=by_kv_head.device) % new  # t of each by_kv_head query
+            token = torch.arange(queries, device=by_kv_head.device) % new  # t of each grouped query
             outside = torch.arange(held, device=by_kv_head.device)[None, :] <= token[:, None] + held - window
             bias = torch.where(outside, MASKED, 0.0).to(by_kv_head.dtype).repeat(part.rows, 1)[None, None]
         # the part's rows' queries as one batch-1 sequence: (1, kvh, rows * g * L, d)
