@@ -141,7 +141,8 @@ def attend_runs(
 
 
 def heads_ok(query: torch.Tensor, keys: torch.Tensor, causal: bool, left: int | None) -> bool:
-    """Whether ``attend_heads`` runs these inputs here: bfloat16 or half on a GPU with ``USE_FLASH``;
+    """Whether ``attend_heads`` runs these inputs here (and ``attend_runs``, asked with ``causal``
+    False and ``left`` None): bfloat16 or half on a GPU with ``USE_FLASH``;
     flash up to head size 256 with ``left`` None or >= 0; above that, causal without a window over as
     many keys as queries."""
     if not (USE_FLASH and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)):
