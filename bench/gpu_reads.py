@@ -23,8 +23,10 @@ Reads/s = batch / median batch time; p50/p99 are per batch (every read in a batc
 The ceiling is the FLOPs a read needs at 40% of the bf16 peak measured here. Before timing, the
 engine's slot logits are checked against the naive path: float32 on a 2-layer slice of the same shape
 (tolerance 1e-3) and bfloat16 on the full model (stated as the max |Δ|), a read alone against the
-same read inside a mixed batch, and, in bfloat16 on a 2-layer slice, the engine with cuDNN's
-attention against the engine with the memory-efficient kernel everywhere.
+same read inside a mixed batch, CUDA graph replay against eager, and, in bfloat16 on a 2-layer
+slice, the engine with cuDNN's attention (then also flash attention) against the engine with the
+memory-efficient kernel and the masks as biases everywhere. ``--only d`` times one scenario alone;
+in a full run (d) comes last, after the others have filled the prefix cache.
 """
 
 from __future__ import annotations
