@@ -126,13 +126,12 @@ def encode(
     sees keys within ``window`` positions of itself, in the parent and among the new tokens alike.
     """
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-    masks = _encoder_masks(new.tokens.shape[1], window, new.tokens.device)
 
     def attention(
         index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
     ) -> list[torch.Tensor]:
         kv.append((keys[0].transpose(1, 2), values[0].transpose(1, 2)))
-        return [_encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, masks, new.parents)]
+        return [_encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, new.parents)]
 
     batch, length = new.tokens.shape
     hidden = encoder.embed_tokens(new.tokens)
@@ -176,20 +175,20 @@ def encode_decode(
     """
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     length = new.tokens.shape[1]  # N
-    causal = _encoder_masks(length, window, new.tokens.device)
     runs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # per kind: the visible new tokens' runs
+    own_runs = _canvas_runs(canvases)  # once, not in each layer
 
     def attention(
         index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
     ) -> list[torch.Tensor]:
         kv.append((keys[0].transpose(1, 2), values[0].transpose(1, 2)))
-        encoded = _encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, causal, new.parents)
+        encoded = _encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, new.parents)
         kind = layer_types[index]
         if masks.states is not None and heads_ok(queries[1], keys[1], False, None):
             if kind not in runs:
                 runs[kind] = _visible_runs(masks.own[kind], masks.states)
             decoded = _joint_canvas_attention(
-                index, queries[1], keys, values, canvases, masks.states, runs[kind], masks.shared.get(kind)
+                index, queries[1], keys, values, canvases, masks.states, runs[kind], own_runs, masks.shared.get(kind)
             )
         else:
             own = (keys[0][own_rows].transpose(1, 2), values[0][own_rows].transpose(1, 2), masks.own[kind])
@@ -284,11 +283,13 @@ def _joint_canvas_attention(
     canvases: Canvases,
     states: torch.Tensor,
     runs: tuple[torch.Tensor, torch.Tensor],
+    own_runs: tuple[torch.Tensor, torch.Tensor],
     shared_bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """``_decoder_attention`` for canvases grouped by state (``JointMasks.states``), in three parts
     merged: each state's canvases against its visible new tokens (``runs``: where they start in the
-    flat new tokens and how many), each canvas against itself, both read in place by flash attention
+    flat new tokens and how many), each canvas against its own columns (``own_runs``, from
+    ``_canvas_runs``), both read in place by flash attention
     (no per-canvas copy of its state's keys, no bias), and the shared part. ``keys``/``values``: the
     new tokens' (B, N, kvh, d) and the canvases' (B_c, C, kvh, d); returns (B_c, C, H, d)."""
     rows, columns, heads, dim = query.shape
@@ -304,8 +305,7 @@ def _joint_canvas_attention(
         flat.shape[0],
         keys[0].shape[1],
     )
-    canvas_starts = torch.arange(0, (rows + 1) * columns, columns, dtype=torch.int32, device=query.device)
-    lengths = (canvases.bias == 0).sum(-1, dtype=torch.int32)  # a canvas's own columns, before its padding
+    canvas_starts, lengths = own_runs
     canvas_part = attend_runs(
         flat, keys[1].flatten(0, 1), values[1].flatten(0, 1), canvas_starts, canvas_starts, lengths, columns, columns
     )
@@ -332,11 +332,21 @@ def _visible_runs(own: torch.Tensor, states: torch.Tensor) -> tuple[torch.Tensor
     return starts, torch.where(has, count[canvas], 0)
 
 
-def _encoder_masks(new: int, window: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (N, N) causal bias among new tokens (query t, key j), and the same within the window."""
+def _canvas_runs(canvases: Canvases) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each canvas starts in the flat (B_c * C) canvas tokens, (B_c + 1,) int32, and how many
+    of its columns are its own, before its padding, (B_c,)."""
+    rows, columns = canvases.tokens.shape
+    starts = torch.arange(0, (rows + 1) * columns, columns, dtype=torch.int32, device=canvases.tokens.device)
+    return starts, (canvases.bias == 0).sum(-1, dtype=torch.int32)
+
+
+def _encoder_mask(new: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """The (N, N) causal bias among new tokens (query t, key j), within the ``window`` if one is given."""
     steps = torch.arange(new, device=device)
-    causal = torch.where(steps[None, :] <= steps[:, None], 0.0, MASKED)
-    return causal, torch.where(steps[None, :] > steps[:, None] - window, causal, MASKED)
+    seen = steps[None, :] <= steps[:, None]
+    if window is not None:
+        seen &= steps[None, :] > steps[:, None] - window
+    return torch.where(seen, 0.0, MASKED)
 
 
 def _encoder_attention(
@@ -346,19 +356,19 @@ def _encoder_attention(
     values: torch.Tensor,
     layer_types: Sequence[str],
     window: int,
-    masks: tuple[torch.Tensor, torch.Tensor],
     parents: list[SharedPart],
 ) -> torch.Tensor:
     """New tokens' queries (B, N, H, d), causally among themselves (within the window on a sliding
     layer), merged with their parents' KV; (B, N, H, d). On a GPU flash attention applies the masks
-    by position (``attend_heads``); elsewhere they are ``masks``' biases."""
+    by position (``attend_heads``); elsewhere they are biases (``_encoder_mask``)."""
     sliding = layer_types[index] == "sliding_attention"
     new, kv_heads = query.shape[1], keys.shape[2]
     left = window - 1 if sliding else None  # query t sees the new tokens t - left .. t
     if heads_ok(query, keys, True, left):
         own_part = attend_heads(query, keys, values, True, left)
     else:
-        bias = masks[1 if sliding else 0].repeat(query.shape[2] // kv_heads, 1).to(query.dtype)  # (g * N, N)
+        mask = _encoder_mask(new, window if sliding else None, query.device)
+        bias = mask.repeat(query.shape[2] // kv_heads, 1).to(query.dtype)  # (g * N, N)
         out, lse = attend(grouped(query, kv_heads), keys.transpose(1, 2), values.transpose(1, 2), bias[None, None])
         own_part = ungrouped(out, new), ungrouped(lse, new)
     if not parents:
