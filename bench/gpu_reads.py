@@ -42,7 +42,7 @@ from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, 
 from transformers.models.gemma4 import Gemma4VisionConfig
 
 from slotread.engines import attention
-from slotread.engines.base import ReadRequest, Slot
+from slotread.engines.base import ReadRequest, Slot, SlotScores
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
@@ -594,14 +594,14 @@ def check_graphs(
     and a new state encoded with its 3 canvases (the graph pads it to its bucket)."""
     draws = [canvas_read(prompt, 64, seed) for seed in range(8)]
     engine.read(draws)  # a bucket's graph is captured on its second use
-    graphed = engine.read(draws)
+    graphed = replayed(engine, draws)
     eager = DiffusionGemmaEngine(engine._model, prefix_cache=engine.prefix_cache, cuda_graphs=False).read(draws)
     delta = max(float(abs(a.logits[0] - b.logits[0]).max()) for a, b in zip(eager, graphed, strict=True))
     print(f"bf16: 8 reads of a cached prompt, CUDA graph replay vs eager: max |Δ logit| {delta:.3g}", flush=True)
     # 99 new tokens: padded to 100 in the graph; the bucket's first use runs eagerly
     engine.read([canvas_read((prompt[0], ids(generator, 99)), 16, q) for q in range(3)])
     decision = [canvas_read((prompt[0], ids(generator, 99)), 16, q) for q in range(3)]
-    graphed = engine.read(decision)
+    graphed = replayed(engine, decision)
     # its own cache: it encodes the state too
     eager = DiffusionGemmaEngine(engine._model, cuda_graphs=False).read(decision)
     delta = max(float(abs(a.logits[0] - b.logits[0]).max()) for a, b in zip(eager, graphed, strict=True))
@@ -611,6 +611,17 @@ def check_graphs(
         f" max |Δ logit| {delta:.3g} on logits up to {scale:.1f}",
         flush=True,
     )
+
+
+def replayed(engine: DiffusionGemmaEngine, requests: list[ReadRequest]) -> list[SlotScores]:
+    """``engine.read(requests)``, failing unless it replayed a CUDA graph (a graph path that fell back
+    to eager would compare eager with eager)."""
+    graphs = engine._graphs
+    before = -1 if graphs is None else graphs.replays
+    scores = engine.read(requests)
+    if graphs is None or graphs.replays == before:
+        raise SystemExit("CUDA graphs: the graphed read ran eagerly (see the warning above)")
+    return scores
 
 
 def check_mixed(engine: DiffusionGemmaEngine, prompt: tuple[tuple[int, ...], ...], canvas_read, generator) -> None:

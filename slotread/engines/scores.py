@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -15,50 +15,55 @@ def score_slots(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list
     """Per row of ``logits`` (R, V), the scores of that row's slots: label logits, label mass (the
     full-vocabulary softmax summed over the distinct label ids), the argmax
     (id, logit, and whether it is a label) and the log normalizer."""
-    rows = [r for r, row_slots in enumerate(slots) for slot in row_slots for _ in slot.label_ids]
-    cols = [i for row_slots in slots for slot in row_slots for i in slot.label_ids]
-    index = torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)
-    picked = logits[index].cpu().numpy()  # all label logits of all slots, in order
-    log_total = torch.logsumexp(logits, dim=-1).double().cpu().numpy()  # (R,)
-    top_logit, top = (t.cpu().numpy() for t in logits.max(dim=-1))  # (R,) each
-    results, offset = [], 0
-    for r, row_slots in enumerate(slots):
-        label_logits, masses, hits = [], [], []
-        for slot in row_slots:
-            values = picked[offset : offset + len(slot.label_ids)]
-            offset += len(slot.label_ids)
-            distinct = values[np.unique(slot.label_ids, return_index=True)[1]].astype(np.float64)
-            peak = distinct.max()
-            masses.append(float(np.exp(peak + np.log(np.exp(distinct - peak).sum()) - log_total[r])))
-            label_logits.append(values.copy())
-            hits.append(int(top[r]) in slot.label_ids)
-        n = len(row_slots)
-        results.append(
-            SlotScores(
-                logits=tuple(label_logits),
-                label_mass=tuple(masses),
-                argmax_is_label=tuple(hits),
-                argmax_id=(int(top[r]),) * n,
-                argmax_logit=(float(top_logit[r]),) * n,
-                log_normalizer=(float(log_total[r]),) * n,
-            )
-        )
-    return results
+    rows = [r for r, row_slots in enumerate(slots) for _ in row_slots]
+    return _grouped(_per_slot(logits, rows, [slot for row_slots in slots for slot in row_slots]), slots)
 
 
 def score_slot_rows(logits: torch.Tensor, slots: Sequence[tuple[Slot, ...]]) -> list[SlotScores]:
     """Per request, the scores of its slots, where ``logits`` (S, V) holds one row per slot: every slot
     of every request, in request then slot order (engines that read each slot at its own position)."""
-    per_slot = iter(score_slots(logits, [(slot,) for request_slots in slots for slot in request_slots]))
-    results = []
-    for request_slots in slots:
-        parts = [next(per_slot) for _ in request_slots]
-        values = {
-            field.name: tuple(getattr(part, field.name)[0] for part in parts)
-            for field in fields(SlotScores)
-            if field.name != "hidden"
-        }
-        results.append(SlotScores(**values))
+    flat = [slot for request_slots in slots for slot in request_slots]
+    return _grouped(_per_slot(logits, list(range(len(flat))), flat), slots)
+
+
+_Scored = tuple[np.ndarray, float, bool, int, float, float]  # one slot's fields of ``SlotScores``, in order
+
+
+def _per_slot(logits: torch.Tensor, rows: list[int], slots: list[Slot]) -> list[_Scored]:
+    """Each slot's scores, slot i read at row ``rows[i]`` of ``logits`` (R, V). Vectorised: on a GPU
+    this runs after the forward, on the critical path (a loop of numpy calls per slot took ~5 ms at
+    96 slots). Every slot has a label id (the engines refuse one without)."""
+    if not slots:
+        return []
+    counts = [len(slot.label_ids) for slot in slots]
+    label_rows = [row for row, count in zip(rows, counts, strict=True) for _ in range(count)]
+    cols = [i for slot in slots for i in slot.label_ids]
+    index = torch.tensor(label_rows, device=logits.device), torch.tensor(cols, device=logits.device)
+    picked = logits[index].cpu().numpy()  # all label logits of all slots, in order
+    log_total = torch.logsumexp(logits, dim=-1).double().cpu().numpy()[rows]  # per slot
+    top_logit, top = (t.cpu().numpy()[rows] for t in logits.max(dim=-1))
+    # label mass: a logsumexp over each slot's distinct label ids (a repeated id counts once)
+    first = [i not in slot.label_ids[:k] for slot in slots for k, i in enumerate(slot.label_ids)]
+    values = np.where(first, picked.astype(np.float64), -np.inf)
+    starts = np.cumsum([0, *counts[:-1]])
+    peak = np.maximum.reduceat(values, starts)
+    mass = np.exp(peak + np.log(np.add.reduceat(np.exp(values - np.repeat(peak, counts)), starts)) - log_total)
+    return [
+        (label_logits, float(m), int(t) in slot.label_ids, int(t), float(tl), float(lt))
+        for slot, label_logits, m, t, tl, lt in zip(
+            slots, np.split(picked, starts[1:]), mass, top, top_logit, log_total, strict=True
+        )
+    ]
+
+
+def _grouped(scored: list[_Scored], slots: Sequence[tuple[Slot, ...]]) -> list[SlotScores]:
+    """``scored`` (one entry per slot, in order) as one ``SlotScores`` per group of ``slots``."""
+    results, offset = [], 0
+    for group in slots:
+        parts = scored[offset : offset + len(group)]
+        offset += len(group)
+        columns = [tuple(field) for field in zip(*parts, strict=True)] if parts else [()] * 6
+        results.append(SlotScores(*columns))
     return results
 
 

@@ -33,3 +33,14 @@ def test_one_row_per_slot_regroups_by_request():
     assert two_slots.label_mass == (rows[0].label_mass[0], rows[1].label_mass[0])
     assert two_slots.log_normalizer == (rows[0].log_normalizer[0], rows[1].log_normalizer[0])
     assert one_slot.argmax_is_label == (True,) and two_slots.argmax_is_label == (False, True)
+
+
+def test_a_row_without_slots_scores_empty_and_a_row_with_two_shares_its_normaliser():
+    logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 4.0, 1.0, 1.0]])
+    none, two = score_slots(logits, [(), (Slot(0, (0, 1)), Slot(1, (2, 3, 2)))])
+    assert none.logits == () and none.label_mass == ()
+    probs = torch.softmax(logits[1].double(), dim=-1).numpy()
+    assert abs(two.label_mass[0] - (probs[0] + probs[1])) < 1e-6
+    assert abs(two.label_mass[1] - (probs[2] + probs[3])) < 1e-6  # the repeated id once
+    assert two.argmax_id == (1, 1) and two.log_normalizer[0] == two.log_normalizer[1]
+    np.testing.assert_array_equal(two.logits[1], [1.0, 1.0, 1.0])
