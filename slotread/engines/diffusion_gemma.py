@@ -392,8 +392,8 @@ class DiffusionGemmaEngine:
         keys from ``_skip`` on (the rest of its window)."""
         new = len(batch[0].prompt_ids) - deferred[batch[0].prompt_ids]  # N: one length per joint forward
         kinds, device = self._config.layer_types, self._model.device
-        # built on the device: built on the host (about 600 KB for 96 canvases) and copied, they took 15-19 ms
-        # in some processes on an H200 host, holding back the joint forward's launch (1 ms now)
+        # on the device: built on the host (about 600 KB for 96 canvases) and copied, these took 15-19 ms in
+        # some processes on an H200 host, which delayed the joint forward's launch (1 ms now)
         visible = {kind: torch.zeros(len(batch), new, device=device) for kind in set(kinds)}
         shared = {}
         if "sliding_attention" in kinds:

@@ -289,9 +289,9 @@ def _joint_canvas_attention(
     """``_decoder_attention`` for canvases grouped by state (``JointMasks.states``), in three parts
     merged: each state's canvases against its visible new tokens (``runs``: where they start in the
     flat new tokens and how many), each canvas against its own columns (``own_runs``, from
-    ``_canvas_runs``), both read in place by flash attention
-    (no per-canvas copy of its state's keys, no bias), and the shared part. ``keys``/``values``: the
-    new tokens' (B, N, kvh, d) and the canvases' (B_c, C, kvh, d); returns (B_c, C, H, d)."""
+    ``_canvas_runs``), both read in place by flash attention (no per-canvas copy of its state's
+    keys, no bias), and the shared part. ``keys``/``values``: the new tokens' (B, N, kvh, d) and the
+    canvases' (B_c, C, kvh, d); returns (B_c, C, H, d)."""
     rows, columns, heads, dim = query.shape
     flat = query.reshape(rows * columns, heads, dim)
     starts, counts = runs

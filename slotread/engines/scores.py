@@ -62,7 +62,7 @@ def _grouped(scored: list[_Scored], slots: Sequence[tuple[Slot, ...]]) -> list[S
     for group in slots:
         parts = scored[offset : offset + len(group)]
         offset += len(group)
-        columns = [tuple(field) for field in zip(*parts, strict=True)] if parts else [()] * 6
+        columns = [tuple(field) for field in zip(*parts, strict=True)] if parts else [()] * 6  # _Scored's six
         results.append(SlotScores(*columns))
     return results
 
