@@ -19,6 +19,9 @@ in bfloat16 or half on a GPU only (``heads_ok``); the callers fall back to ``att
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
+
 import torch
 
 from slotread.engines import fused
@@ -188,49 +191,43 @@ CUDNN_MAX_HEAD_DIM = 256
 USE_FLASH = True
 FLASH_MAX_HEAD_DIM = 256
 
-_FUSED_HEAD_DIMS: dict[int, bool] = {}
-_CUDNN_HEAD_DIMS: dict[int, bool] = {}
-_FLASH_HEAD_DIMS: dict[int, bool] = {}
 
-
+@cache
 def _fused_ok(head_dim: int) -> bool:
     """Whether the fused memory-efficient kernel runs this head size here (probed once per size)."""
-    if head_dim not in _FUSED_HEAD_DIMS:
-        probe = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
-        try:
-            torch.ops.aten._scaled_dot_product_efficient_attention(probe, probe, probe, None, True, 0.0, False)
-            _FUSED_HEAD_DIMS[head_dim] = True
-        except RuntimeError:
-            _FUSED_HEAD_DIMS[head_dim] = False
-    return _FUSED_HEAD_DIMS[head_dim]
+    probe = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    return _runs(
+        lambda: torch.ops.aten._scaled_dot_product_efficient_attention(probe, probe, probe, None, True, 0.0, False)
+    )
 
 
+@cache
 def _flash_ok(head_dim: int) -> bool:
     """Whether flash attention runs this head size here, with grouped heads and a window (probed once
     per size)."""
-    if head_dim not in _FLASH_HEAD_DIMS:
-        query = torch.randn(1, 8, 2, head_dim, device="cuda", dtype=torch.bfloat16)
-        try:
-            attend_heads(query, query[:, :, :1], query[:, :, :1], True, 4)
-            _FLASH_HEAD_DIMS[head_dim] = True
-        except RuntimeError:
-            _FLASH_HEAD_DIMS[head_dim] = False
-    return _FLASH_HEAD_DIMS[head_dim]
+    query = torch.randn(1, 8, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    return _runs(lambda: attend_heads(query, query[:, :, :1], query[:, :, :1], True, 4))
 
 
+@cache
 def _cudnn_ok(head_dim: int) -> bool:
     """Whether cuDNN's fused attention runs this head size here (probed once per size, with a bias)."""
-    if head_dim not in _CUDNN_HEAD_DIMS:
-        ok = head_dim <= CUDNN_MAX_HEAD_DIM
-        if ok:
-            probe = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
-            bias = _aligned(torch.zeros(1, 1, 1, 8, device="cuda"), torch.bfloat16).expand(1, 1, 8, -1)
-            try:
-                torch.ops.aten._scaled_dot_product_cudnn_attention(probe, probe, probe, bias, True, 0.0, False, False)
-            except RuntimeError:
-                ok = False
-        _CUDNN_HEAD_DIMS[head_dim] = ok
-    return _CUDNN_HEAD_DIMS[head_dim]
+    if head_dim > CUDNN_MAX_HEAD_DIM:
+        return False
+    probe = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    bias = _aligned(torch.zeros(1, 1, 1, 8, device="cuda"), torch.bfloat16).expand(1, 1, 8, -1)
+    return _runs(
+        lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(probe, probe, probe, bias, True, 0.0, False, False)
+    )
+
+
+def _runs(kernel: Callable[[], object]) -> bool:
+    """Whether ``kernel`` runs here: a fused kernel refuses inputs it does not support by raising."""
+    try:
+        kernel()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _aligned(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
