@@ -38,52 +38,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig, DynamicCache
-from transformers.models.gemma4 import Gemma4VisionConfig
+from transformers import DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig, DynamicCache
 
 from slotread.engines import attention
 from slotread.engines.base import ReadRequest, Slot, SlotScores
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
-from slotread.models.tiny import TINY_VISION
+from slotread.models.shapes import DIFFUSION_GEMMA_26B_A4B, diffusion_gemma_config, random_weights
 
-#: The 26B-A4B text shape (Gemma-4 26B-A4B): 25.2B parameters, 3.8B active per token.
-SHAPE = {
-    "hidden_size": 2816,
-    "intermediate_size": 2112,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 256,
-    "global_head_dim": 512,
-    "num_global_key_value_heads": 2,
-    "num_experts": 128,
-    "top_k_experts": 8,
-    "moe_intermediate_size": 704,
-    "sliding_window": 1024,
-    "max_position_embeddings": 131072,
-    "final_logit_softcapping": 30.0,
-    "vocab_size": 262144,
-}
+SHAPE = DIFFUSION_GEMMA_26B_A4B
 VOCAB = SHAPE["vocab_size"]
 
 
 def build(layers: int, dtype: torch.dtype) -> DiffusionGemmaForBlockDiffusion:
     """The shape with random weights, built directly on the GPU."""
-    kinds = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
-    kinds[-1] = "full_attention"
-    text = DiffusionGemmaTextConfig(**{**SHAPE, "num_hidden_layers": layers, "layer_types": kinds})
-    config = DiffusionGemmaConfig(text_config=text, vision_config=Gemma4VisionConfig(**TINY_VISION))
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("cuda"):
-            torch.manual_seed(0)
-            model = DiffusionGemmaForBlockDiffusion(config)
-    finally:
-        torch.set_default_dtype(default)
-    return model.eval()
+    return random_weights(DiffusionGemmaForBlockDiffusion, diffusion_gemma_config(SHAPE, layers), "cuda", dtype)
 
 
 def ids(generator: torch.Generator, n: int) -> tuple[int, ...]:

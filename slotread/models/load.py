@@ -4,6 +4,8 @@
   ``<cache>/models/<name>``, then loaded from there.
 * A ``.gguf`` file is converted once into ``<cache>/models/<stem>-<sha256 prefix>``; the file is
   hashed on every load (about a second per GB) so an edited file is converted again.
+* ``random:DIR`` loads DIR's config and tokenizer and draws random weights on the device
+  (``slotread.models.shapes``: a real shape benchmarked without its checkpoint; answers are noise).
 * A directory is loaded as it is. Its ``config.json`` decides the class: model type
   ``diffusion_gemma`` loads as ``DiffusionGemmaForBlockDiffusion`` (family "diffusion"); a masked LM
   (a ``*ForMaskedLM`` architecture, or remote code whose config names a ``mask_token_id``, see
@@ -24,6 +26,7 @@ the chat template, so their checkpoints need a tokenizer with one (masked LMs fa
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,9 @@ from slotread.models.convert import convert_gguf, is_converted, tokenizer_from_g
 from slotread.models.fetch import default_cache_dir, fetch_artifact, sha256_file
 from slotread.models.masked_adapter import has_remote_code, is_masked
 from slotread.models.registry import REGISTRY, Family
+from slotread.models.shapes import RANDOM_PREFIX, random_weights
+
+logger = logging.getLogger(__name__)
 
 # What transformers raises on missing, malformed or mismatched checkpoint files.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)
@@ -92,6 +98,8 @@ def load_model(
 
     ``cache_dir`` defaults to ``$SLOTREAD_CACHE``, else ``~/.cache/slotread``.
     """
+    if spec.startswith(RANDOM_PREFIX):
+        return _load_random(_local_source(spec.removeprefix(RANDOM_PREFIX)), spec, device, dtype)
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     return _load_checkpoint(checkpoint_dir(spec, cache), spec, device, dtype)
 
@@ -110,7 +118,7 @@ def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> LoadedTokeniz
         if is_converted(directory, entry.gguf.sha256):
             return _directory_tokenizer(directory, spec)
         return _gguf_tokenizer(fetch_artifact(entry.gguf, cache, model=spec), spec, entry.family)
-    source = _local_source(spec)
+    source = _local_source(spec.removeprefix(RANDOM_PREFIX))
     return _gguf_tokenizer(source, spec, "causal") if source.is_file() else _directory_tokenizer(source, spec)
 
 
@@ -207,6 +215,21 @@ def _load_checkpoint(directory: Path, name: str, device: str, dtype: torch.dtype
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(name, f"cannot load the weights in {directory}: {exc}") from exc
     model.eval().requires_grad_(False)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family)
+
+
+def _load_random(directory: Path, name: str, device: str, dtype: torch.dtype) -> LoadedModel:
+    """The checkpoint's config and tokenizer with random weights drawn on ``device``."""
+    if not directory.is_dir():
+        raise ModelLoadError(name, "random: takes a checkpoint directory (slotread models shape writes one)")
+    config, tokenizer, family, remote = _read_tokenizer(directory, name)
+    if remote:
+        raise ModelLoadError(name, "random weights are drawn for transformers' own architectures only")
+    try:
+        model = random_weights(_model_class(config, family), config, device, dtype)
+    except (RuntimeError, ValueError) as exc:  # out of memory, an unknown device
+        raise ModelLoadError(name, f"cannot build random weights on {device}: {exc}") from exc
+    logger.warning("%s has random weights: its answers are noise (for speed and memory measurements only)", name)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family)
 
 
