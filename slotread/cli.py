@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from slotread.api.systemone import parse_request, to_decision
 from slotread.errors import InvalidRequest, SlotreadError
 from slotread.models.registry import DEFAULT_MODEL
+from slotread.models.shapes import RANDOM_PREFIX, SHAPES
 
 if TYPE_CHECKING:
     from slotread.quality.examples import ExampleBank
@@ -163,6 +164,17 @@ def _models_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_shape(args: argparse.Namespace) -> int:
+    from slotread.models.shapes import write_shape
+
+    path = write_shape(args.shape, Path(args.out), cache_dir=args.cache_dir)
+    print(
+        f"wrote the {args.shape} shape (config and tokenizer, no weights) to {path}; serve it with random weights "
+        f"(answers are noise) with --model random:{path} --device cuda"
+    )
+    return 0
+
+
 def _models_tiny(args: argparse.Namespace) -> int:
     from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
     from slotread.models.tiny_masked import write_tiny_masked_lm
@@ -176,6 +188,7 @@ def _models_tiny(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import torch
     import uvicorn
 
     from slotread.decider import Decider, read_example_bank
@@ -188,6 +201,10 @@ def _serve(args: argparse.Namespace) -> int:
         "port": args.port,
         "api_keys": args.api_keys,
         "cache_dir": args.cache_dir,
+        "device": args.device,
+        "dtype": args.dtype,
+        "prefix_cache_bytes": None if args.prefix_cache_mb is None else args.prefix_cache_mb * 2**20,
+        "max_batch": args.max_batch,
         "queue_size": args.queue_size,
         "max_concurrency": args.max_concurrency,
         "request_deadline_s": args.request_deadline,
@@ -220,6 +237,10 @@ def _serve(args: argparse.Namespace) -> int:
                 upstream_timeout_s=settings.upstream_timeout_s,
                 health_interval_s=settings.health_interval_s,
                 cache_dir=settings.cache_dir,
+                device=settings.device,
+                dtype=getattr(torch, settings.dtype),
+                prefix_cache_bytes=settings.prefix_cache_bytes,
+                max_batch=settings.max_batch,
                 max_questions=settings.max_questions,
                 max_samples=settings.max_samples,
                 max_permutations=settings.max_permutations,
@@ -248,12 +269,16 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.request_deadline_s) + 30,
     )
     server = uvicorn.Server(config)
-    via = f" through {len(settings.upstreams)} upstreams" if settings.upstreams else ""
+    via = f" through {len(settings.upstreams)} upstreams" if settings.upstreams else f" on {settings.device}"
     print(
         f"slotread: serving {settings.model}{via} on http://{settings.host}:{settings.port} "
         "(GET /readyz answers 200 once the model is loaded)",
         file=sys.stderr,
     )
+    if settings.model.startswith(RANDOM_PREFIX):
+        print(
+            "slotread: the model's weights are random: its answers are noise (speed measurements only)", file=sys.stderr
+        )
     server.run()
     if failed:
         print(f"slotread serve: {failed[0]}", file=sys.stderr)
@@ -644,6 +669,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="registry name, checkpoint dir or .gguf file (default: $SLOTREAD_MODEL, else qwen2.5-coder-1.5b-instruct)",
     )
+    serve.add_argument("--device", default=None, help="torch device of the weights: cpu, cuda, cuda:1 (default cpu)")
+    serve.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default=None, help="weights dtype (default: bfloat16)"
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=None,
+        help="MiB of prompt KV the engine keeps (default: 1024 on the CPU, half the free device memory on a GPU)",
+    )
+    serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="canvases (rows) of one forward (default: 16-32 on the CPU, 128 on a GPU)",
+    )
     serve.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port to listen on (default 8000)")
     serve.add_argument(
@@ -652,12 +693,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="file of API keys, one key or sha256:<hex> per line; without it auth is off",
     )
-    serve.add_argument("--queue-size", type=int, default=None, help="decisions that may wait for a slot (default 16)")
+    serve.add_argument(
+        "--queue-size", type=int, default=None, help="decisions that may wait for a slot (default 16; 256 on a GPU)"
+    )
     serve.add_argument(
         "--max-concurrency",
         type=int,
         default=None,
-        help="decisions that run at once, their reads batched together (default 1; 16 with --upstream)",
+        help="decisions that run at once, their reads batched together (default 1; 32 on a GPU; 16 with --upstream)",
     )
     serve.add_argument(
         "--request-deadline",
@@ -779,6 +822,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--out", required=True, help="directory to write the checkpoint to")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tiny.set_defaults(run=_models_tiny)
+    shape = model_commands.add_parser(
+        "shape", help="write a real model shape without weights, to serve with random weights (random:DIR)"
+    )
+    shape.add_argument("shape", choices=sorted(SHAPES), help="which shape")
+    shape.add_argument("--out", required=True, help="directory to write the config and tokenizer to")
+    shape.set_defaults(run=_models_shape)
     _add_eval(commands)
     return parser
 

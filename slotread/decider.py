@@ -22,6 +22,7 @@ from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
+from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
 from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
@@ -40,15 +41,37 @@ logger = logging.getLogger(__name__)
 MODEL_ALIASES = ("jev-latest",)
 
 
-def make_engine(loaded: LoadedModel) -> Engine:
-    """The in-process engine for a loaded model's family."""
-    if isinstance(loaded.model, DiffusionGemmaForBlockDiffusion):
-        return DiffusionGemmaEngine(loaded.model)
-    if loaded.family == "causal" and isinstance(loaded.model, PreTrainedModel):
-        return CausalEngine(loaded.model)
-    if loaded.family == "masked" and isinstance(loaded.model, PreTrainedModel):
-        return MaskedEngine(loaded.model, masked_adapter(loaded.name, loaded.model.config, loaded.tokenizer))
-    raise ModelLoadError(loaded.name, f"no in-process engine reads a {type(loaded.model).__name__}")
+#: canvases (rows) of one forward on a GPU, where a forward of 100 costs little more than one of 10
+GPU_BATCH = 128
+#: the share of the device memory free after loading that the prefix cache may fill on a GPU (the rest
+#: is for activations and CUDA graphs)
+GPU_CACHE_SHARE = 0.5
+
+
+def make_engine(loaded: LoadedModel, cache_bytes: int | None = None, max_batch: int | None = None) -> Engine:
+    """The in-process engine for a loaded model's family, with ``cache_bytes`` of prefix cache and
+    ``max_batch`` rows per forward; None keeps the engine's own (CPU) default, or on a GPU sizes them
+    for it (``GPU_BATCH``, ``GPU_CACHE_SHARE`` of the memory free now)."""
+    model = loaded.model
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        cache_bytes = (
+            cache_bytes if cache_bytes is not None else int(torch.cuda.mem_get_info(device)[0] * GPU_CACHE_SHARE)
+        )
+        max_batch = max_batch or GPU_BATCH
+    cache: dict[str, Any] = {} if cache_bytes is None else {"prefix_cache": PrefixCache(cache_bytes)}
+    if isinstance(model, DiffusionGemmaForBlockDiffusion):
+        # an encoder forward takes as many new tokens as a full batch of 128-token states brings
+        rows: dict[str, Any] = (
+            {} if max_batch is None else {"max_canvases": max_batch, "max_encode_tokens": max_batch * 128}
+        )
+        return DiffusionGemmaEngine(model, **cache, **rows)
+    batch: dict[str, Any] = {} if max_batch is None else {"max_batch_rows": max_batch}
+    if loaded.family == "causal" and isinstance(model, PreTrainedModel):
+        return CausalEngine(model, **cache, **batch)
+    if loaded.family == "masked" and isinstance(model, PreTrainedModel):
+        return MaskedEngine(model, masked_adapter(loaded.name, model.config, loaded.tokenizer), **batch)
+    raise ModelLoadError(loaded.name, f"no in-process engine reads a {type(model).__name__}")
 
 
 def read_example_bank(path: Path) -> ExampleBank:
@@ -63,7 +86,8 @@ class Decider:
     ``model`` is a registry name (see ``slotread models list``), a local Hugging Face checkpoint
     directory, a ``.gguf`` file, or a ``LoadedModel`` built elsewhere (tests, custom models).
     Weights load in bfloat16 by default: 2-3x faster than float32 on these CPUs' AMX units
-    (bench/cpu_decide.py). Loading fails with ModelLoadError naming the model and the reason,
+    (bench/cpu_decide.py). ``prefix_cache_bytes`` and ``max_batch`` size the engine (``make_engine``).
+    Loading fails with ModelLoadError naming the model and the reason,
     including a tokenizer that cannot provide the single-token labels slotread reads.
 
     ``upstreams``: base URLs of ``slotread engine`` or vLLM servers serving ``model`` (by that name).
@@ -93,6 +117,8 @@ class Decider:
         cache_dir: Path | None = None,
         device: str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
+        prefix_cache_bytes: int | None = None,
+        max_batch: int | None = None,
         max_questions: int = systemone.DEFAULT_MAX_QUESTIONS,
         max_samples: int = systemone.DEFAULT_MAX_SAMPLES,
         max_options: int = MAX_CHOICE_OPTIONS,
@@ -124,7 +150,7 @@ class Decider:
                 else load_model(model, cache_dir=cache_dir, device=device, dtype=dtype)
             )
             self.name, tokenizer = loaded.name, loaded.tokenizer
-            self.engine = make_engine(loaded)
+            self.engine = make_engine(loaded, prefix_cache_bytes, max_batch)
         try:
             self.renderer = Renderer(tokenizer, self.engine.family)
             self._renderers = {self.renderer.layout: self.renderer}
