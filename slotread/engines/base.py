@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -118,3 +118,12 @@ class Engine(Protocol):
     max_tokens: int
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]: ...
+
+
+@runtime_checkable
+class Counted(Protocol):
+    """An engine that counts its work (the server exports the counts as metrics)."""
+
+    def counters(self) -> dict[str, int]:
+        """Running totals since the engine was built, by name (``prefix_cache_hits``, ...)."""
+        ...

@@ -1,5 +1,6 @@
-"""Prometheus metrics: requests by route and status, latency, questions, reads, queue depth, and on a
-gateway each upstream replica's state and requests by outcome.
+"""Prometheus metrics: requests by route and status, latency, questions, reads, queue depth, the
+engine's own counts (prefix cache hits, tokens computed, CUDA graph captures), the process's CPU
+time, and on a gateway each upstream replica's state and requests by outcome.
 
 Each app gets its own ``CollectorRegistry`` (tests start several servers in one process; the
 global registry would refuse the second set of names). ``MetricsMiddleware`` counts every response,
@@ -11,11 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from slotread.engines.base import Counted
 from slotread.engines.remote.pool import ReplicaStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -50,6 +52,8 @@ class Metrics:
         self.queue_depth = Gauge("slotread_queue_depth", "decisions waiting for a slot", registry=self.registry)
         self.running = Gauge("slotread_running", "decisions holding a slot", registry=self.registry)
         self.pending_reads = Gauge("slotread_pending_reads", "reads waiting for the engine", registry=self.registry)
+        # process_cpu_seconds_total: the benchmarks divide it by decisions (host CPU per decision)
+        ProcessCollector(registry=self.registry)
 
     def track_queue(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
         """Read the queue depth and running count from the admission gate at scrape time."""
@@ -59,6 +63,10 @@ class Metrics:
     def track_engine(self, pending: Callable[[], int]) -> None:
         """Read the reads waiting for the engine from the batcher at scrape time."""
         self.pending_reads.set_function(pending)
+
+    def track_engine_counters(self, engine: Counted) -> None:
+        """Export the engine's counters as ``slotread_engine_<name>`` counters, read at scrape time."""
+        self.registry.register(_EngineCollector(engine))
 
     def track_replicas(self, stats: Callable[[], list[ReplicaStats]]) -> None:
         """Report the upstream replicas' state, read from the pool at scrape time."""
@@ -92,6 +100,17 @@ class _ReplicaCollector(Collector):
             for outcome, count in sorted(replica.outcomes.items()):
                 sent.add_metric([replica.url, outcome], count)
         yield from (up, outstanding, sent)
+
+
+class _EngineCollector(Collector):
+    """The engine's running totals (``Counted.counters``)."""
+
+    def __init__(self, engine: Counted) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in self._engine.counters().items():
+            yield CounterMetricFamily(f"slotread_engine_{name}", f"engine: {name.replace('_', ' ')}", value=value)
 
 
 def _route(scope: Scope) -> str:

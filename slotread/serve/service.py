@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slotread.decider import Decider
+from slotread.engines.base import Counted
 from slotread.engines.remote.engine import RemoteEngine
 from slotread.errors import NotReady
 from slotread.serve.admission import AdmissionGate
@@ -83,6 +84,8 @@ class DecisionService:
             )
             decider.engine = batcher
             self.metrics.track_engine(lambda: batcher.pending)
+            if isinstance(batcher.engine, Counted):
+                self.metrics.track_engine_counters(batcher.engine)
         self.decider = decider
         logger.info("ready: serving %s", decider.name)
 
@@ -114,10 +117,12 @@ class DecisionService:
         return self.decider
 
     async def decide(self, body: Any, disconnected: Callable[[], Awaitable[bool]], priority: int = 0) -> dict[str, Any]:
-        """Answer a System One body; raises Overloaded, ClientGone, NotReady or the Decider's errors."""
+        """Answer a System One body; raises Overloaded, ClientGone, NotReady or the Decider's errors. Its
+        questions are its cost at the gate (reads grow with them)."""
         decider = self.ready_decider()
         queued = time.perf_counter()
-        async with self.gate.slot(self.settings.request_deadline_s, disconnected, priority):
+        cost = len(body["questions"]) if isinstance(body, dict) and isinstance(body.get("questions"), dict) else 1
+        async with self.gate.slot(self.settings.request_deadline_s, disconnected, priority, max(1, cost)):
             started = time.perf_counter()
             self.metrics.queue_wait.observe(started - queued)
             try:
