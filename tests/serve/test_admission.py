@@ -15,7 +15,12 @@ async def connected() -> bool:
 
 async def hold(gate: AdmissionGate, release: asyncio.Event, order: list[str], name: str, **options: object) -> None:
     disconnected: Callable[[], Awaitable[bool]] = options.pop("disconnected", connected)  # type: ignore[assignment]
-    async with gate.slot(float(options.pop("deadline", 5.0)), disconnected, int(options.pop("priority", 0))):  # type: ignore[arg-type]
+    deadline, priority, cost = (
+        float(options.pop("deadline", 5.0)),
+        int(options.pop("priority", 0)),
+        options.pop("cost", 1),
+    )  # type: ignore[arg-type]
+    async with gate.slot(deadline, disconnected, priority, float(cost)):  # type: ignore[arg-type]
         order.append(name)
         await release.wait()
 
@@ -123,7 +128,7 @@ def test_an_answer_expected_after_the_deadline_is_refused_at_once() -> None:
         await asyncio.sleep(0.2)
         release.set()
         await first  # one decision held its slot for about 0.2 s
-        assert gate.hold_s is not None and 0.15 < gate.hold_s < 1.0
+        assert gate.hold_per_cost_s is not None and 0.15 < gate.hold_per_cost_s < 1.0
         release.clear()
         busy = asyncio.create_task(hold(gate, release, order, "busy"))
         await asyncio.sleep(0.01)
@@ -153,5 +158,35 @@ def test_a_slot_that_comes_too_late_to_finish_in_time_is_passed_on() -> None:
         with pytest.raises(Overloaded, match="too late"):
             await late
         assert (gate.running, gate.waiting, order) == (0, 0, ["first"])
+
+    asyncio.run(scenario())
+
+
+def test_a_small_request_after_large_ones_is_queued_not_refused() -> None:
+    """Holds are predicted per unit of cost: after 8-question decisions of 0.2 s each, a 1-question one
+    is expected to wait for one mean (8-question) decision and hold 0.025 s: about 0.23 s, within a
+    0.4 s deadline, where a mean hold per decision would have predicted 0.2 + 0.2 s and refused it.
+    Another 8-question one behind it would answer after about 0.2 + 0.025 + 0.2 s: refused."""
+
+    async def scenario() -> None:
+        gate = AdmissionGate(slots=1, queue_size=8, retry_after_s=1.0)
+        release, order = asyncio.Event(), []
+        for name in ("big1", "big2"):
+            task = asyncio.create_task(hold(gate, release, order, name, cost=8))
+            await asyncio.sleep(0.2)
+            release.set()
+            await task
+            release.clear()
+        assert gate.hold_per_cost_s is not None and 0.015 < gate.hold_per_cost_s < 0.1
+        busy = asyncio.create_task(hold(gate, release, order, "big3", cost=8))
+        await asyncio.sleep(0.01)
+        small = asyncio.create_task(hold(gate, release, order, "small", cost=1, deadline=0.4))
+        await asyncio.sleep(0.01)
+        assert gate.waiting == 1  # queued, not refused
+        with pytest.raises(Overloaded, match="expected time to answer"):
+            await hold(gate, release, order, "big4", cost=8, deadline=0.4)
+        release.set()
+        await asyncio.gather(busy, small)
+        assert order[-2:] == ["big3", "small"]
 
     asyncio.run(scenario())
