@@ -80,6 +80,10 @@ Ids = tuple[int, ...]
 #: over the eager joint forward: larger forwards are bound by the GPU.
 GRAPH_TOKENS = 8192
 
+#: A joint forward pads its states to its longest one's ``length_bucket``: at most this share of its new
+#: tokens may be padding, so that states of different lengths share a forward without wasting much.
+PAD_SHARE = 0.25
+
 #: A read's prompt is split at its shortest cached boundary of at least this many tokens: the KV
 #: before it is read in place by every row sharing it, the tokens after it are copied per row.
 SHARED_MIN = 256
@@ -157,6 +161,8 @@ class DiffusionGemmaEngine:
         self._softcap = float(self._config.final_logit_softcapping)
         self._vocab = int(self._config.vocab_size)
         self._pad_id = int(self._config.pad_token_id or 0)
+        self._prompt_tokens = 0  # prompt tokens encoded (``counters``)
+        self._canvas_tokens = 0  # canvas tokens decoded
         logger.info(
             "diffusion_gemma engine: %s, max_tokens=%d, max_canvases=%d, prefix cache %d MiB",
             model.dtype,
@@ -174,9 +180,10 @@ class DiffusionGemmaEngine:
             boundaries, deferred = self._encode_all(requests)
             joint = [index for index, request in enumerate(requests) if request.prompt_ids in deferred]
             for chunk in self._joint_chunks(joint, requests, deferred, boundaries):
-                batch = [requests[i] for i in chunk]
-                logits, hidden = self._joint_slot_logits(batch, deferred, boundaries)
-                scores.update(zip(chunk, self._scored(batch, logits, hidden), strict=True))
+                for part in self._graphable(chunk, requests, deferred):
+                    batch = [requests[i] for i in part]
+                    logits, hidden = self._joint_slot_logits(batch, deferred, boundaries)
+                    scores.update(zip(part, self._scored(batch, logits, hidden), strict=True))
             rest = [index for index, request in enumerate(requests) if request.prompt_ids not in deferred]
             reads = {i: self._plan(requests[i], boundaries[requests[i].prompt_ids]) for i in rest}
             # Rows sharing a prompt KV adjacent (one shared part), similar own lengths together.
@@ -187,6 +194,19 @@ class DiffusionGemmaEngine:
                 logits, hidden = self._slot_logits(batch, [reads[i] for i in chunk])  # (S, V), (S, H)
                 scores.update(zip(chunk, self._scored(batch, logits, hidden), strict=True))
         return [scores[index] for index in range(len(requests))]
+
+    def counters(self) -> dict[str, int]:
+        """Running totals: prefix cache hits and misses, prompt and canvas tokens computed (padding not
+        counted), CUDA graphs captured and replayed."""
+        graphs = self._graphs
+        return {
+            "prefix_cache_hits": self.prefix_cache.hits,
+            "prefix_cache_misses": self.prefix_cache.misses,
+            "prompt_tokens": self._prompt_tokens,
+            "canvas_tokens": self._canvas_tokens,
+            "graph_captures": graphs.captures if graphs else 0,
+            "graph_replays": graphs.replays if graphs else 0,
+        }
 
     @staticmethod
     def _scored(batch: list[ReadRequest], logits: torch.Tensor, hidden: torch.Tensor) -> list[SlotScores]:
@@ -244,11 +264,12 @@ class DiffusionGemmaEngine:
     def _deferred(
         self, requests: Sequence[ReadRequest], found: dict[Ids, dict[int, PrefixKV]], todo: dict[Ids, list[int]]
     ) -> dict[Ids, int]:
-        """The prompts whose last segment can be encoded in the same forward as their canvases: it is
-        still to encode, it continues a parent segment that the read splits at (the parent is the
-        shared part, the segment the own tokens), no other prompt of the call continues from it, and
-        the prompt's reads fit one decoder forward."""
-        if not self.joint_encode:
+        """The prompts whose last segment can be encoded in the same forward as their canvases, each with
+        the end of its parent segment (which the canvases then read in place as their shared part): the
+        segment is still to encode, it has a parent, no other prompt of the call continues from it,
+        and the prompt's reads fit one decoder forward. Isolated questions after one schema defer
+        their states this way: one forward for the states and the canvases instead of two."""
+        if not self.joint_encode or self.deterministic:
             return {}
         inner = {ids[:end] for ids, ends in todo.items() for end in ends if end < len(ids)}
         reads = Counter(request.prompt_ids for request in requests)
@@ -257,60 +278,70 @@ class DiffusionGemmaEngine:
             if not ends or ends[-1] != len(ids) or ids in inner or reads[ids] > self.max_canvases:
                 continue
             boundaries = sorted({*found[ids], *ends})
-            threshold = min(len(ids), self.shared_min)
-            split = min(end for end in boundaries if end >= threshold)
-            if len(boundaries) > 1 and split == boundaries[-2]:
-                deferred[ids] = split
+            if len(boundaries) > 1:
+                deferred[ids] = boundaries[-2]
         return deferred
 
     def _encoder_batches(self, rows: dict[Ids, tuple[int, PrefixKV | None]]) -> Iterable[list[Ids]]:
-        """Rows that can share one encoder forward: the same new length (so every row's tokens end
-        in the last column, where a sliding layer keeps its window), all with or all without a
-        parent, at most ``max_encode_tokens`` new tokens together."""
+        """Rows that can share one encoder forward: new lengths in one ``length_bucket`` (shorter rows
+        right-padded, which their causal attention never sees), all with or all without a parent, at
+        most ``max_encode_tokens`` new tokens together."""
 
         def key(prefix: Ids) -> tuple[int, bool]:
-            return len(prefix) - rows[prefix][0], rows[prefix][1] is None
+            return length_bucket(len(prefix) - rows[prefix][0]), rows[prefix][1] is None
 
         for (new, _), run in groupby(sorted(rows, key=key), key=key):
-            group = sorted(run, key=lambda prefix: id(rows[prefix][1]))  # rows sharing a parent adjacent
+            # rows sharing a parent adjacent, equal lengths adjacent (``_entries`` joins such runs at once)
+            group = sorted(run, key=lambda prefix: (id(rows[prefix][1]), len(prefix)))
             size = max(1, self.max_encode_tokens // new)
             for start in range(0, len(group), size):
                 yield group[start : start + size]
 
     def _encode_rows(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV | None]) -> list[PrefixKV]:
-        """Encode ``prefix[start:]`` of each row (one length N for all) continuing its parent's KV
-        (rows sharing a parent adjacent; all rows have one or none); returns each whole prefix's KV."""
+        """Encode ``prefix[start:]`` of each row continuing its parent's KV (rows sharing a parent
+        adjacent; all rows have one or none); returns each whole prefix's KV."""
         new = self._new_tokens(prefixes, starts, parents)
-        return self._entries(parents, encode(self._encoder, self._config.layer_types, self._config.sliding_window, new))
+        layers = encode(self._encoder, self._config.layer_types, self._config.sliding_window, new)
+        return self._entries(parents, layers, [len(p) - s for p, s in zip(prefixes, starts, strict=True)])
 
     def _new_tokens(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV | None]) -> NewTokens:
-        """Encoder rows for ``prefix[start:]`` of each prefix (one length for all), continuing the
-        parents (rows sharing one adjacent; all rows have one or none)."""
+        """Encoder rows for ``prefix[start:]`` of each prefix, right-padded to the longest, continuing
+        the parents (rows sharing one adjacent; all rows have one or none)."""
         device = self._model.device
-        new = len(prefixes[0]) - starts[0]  # N
+        lengths = [len(prefix) - start for prefix, start in zip(prefixes, starts, strict=True)]
+        new = max(lengths)  # N
+        self._prompt_tokens += sum(lengths)
         parts = [
             SharedPart(rows=len(run), keys=run[0].keys, values=run[0].values)
             for run in (list(run) for _, run in groupby(parents, key=id))
             if run[0] is not None
         ]
+        rows = [
+            [*prefix[start:], *[self._pad_id] * (new - length)]
+            for prefix, start, length in zip(prefixes, starts, lengths, strict=True)
+        ]
         return NewTokens(
-            tokens=_on(device, [prefix[start:] for prefix, start in zip(prefixes, starts, strict=True)]),
+            tokens=_on(device, rows),  # (B, N)
             positions=_on(device, [list(range(start, start + new)) for start in starts]),
             parents=parts,
         )
 
     def _entries(
-        self, parents: list[PrefixKV | None], layers: list[tuple[torch.Tensor, torch.Tensor]]
+        self, parents: list[PrefixKV | None], layers: list[tuple[torch.Tensor, torch.Tensor]], lengths: list[int]
     ) -> list[PrefixKV]:
-        """Each encoder row's whole-prefix KV: its parent's then its new tokens' ``layers`` (per layer
-        (B, kvh, N, d)), as much as each layer keeps, joined when first read (``PrefixKV.joined``)."""
+        """Each encoder row's whole-prefix KV: its parent's then its first ``lengths[row]`` new tokens'
+        ``layers`` (per layer (B, kvh, N, d)), as much as each layer keeps, joined when first read
+        (``PrefixKV.joined``, once for each run of rows with one parent and one length)."""
         held = self._config.sliding_window - 1  # the prompt tokens a sliding layer keeps
         keep = tuple(held if kind == "sliding_attention" else self.max_tokens for kind in self._config.layer_types)
         entries: list[PrefixKV] = []
-        for run in (list(run) for _, run in groupby(parents, key=id)):  # rows continuing one parent
-            rows = slice(len(entries), len(entries) + len(run))
-            keys, values = tuple(k[rows] for k, _ in layers), tuple(v[rows] for _, v in layers)
-            entries.extend(PrefixKV.joined(run[0], keys, values, keep))
+        rows = list(zip(parents, lengths, strict=True))
+        for (_, length), run in groupby(rows, key=lambda row: (id(row[0]), row[1])):
+            first = len(entries)
+            count = len(list(run))
+            keys = tuple(k[first : first + count, :, :length] for k, _ in layers)
+            values = tuple(v[first : first + count, :, :length] for _, v in layers)
+            entries.extend(PrefixKV.joined(parents[first], keys, values, keep))
         return entries
 
     def _joint_chunks(
@@ -320,30 +351,58 @@ class DiffusionGemmaEngine:
         deferred: dict[Ids, int],
         boundaries: dict[Ids, dict[int, PrefixKV]],
     ) -> Iterable[list[int]]:
-        """The requests whose last prompt segment is encoded with their canvases, in forwards of one
-        segment length each: a prompt's requests together, prompts continuing one parent adjacent, at
-        most ``max_canvases`` canvases and ``max_encode_tokens`` new tokens (or one prompt) each."""
-
-        # (segment length, parent, prompt) per request, the prompt as the index of its first request
-        # (comparing and hashing the 1,600-id tuples over and over cost milliseconds per call)
+        """The requests whose last prompt segment is encoded with their canvases, in forwards of
+        segments of similar lengths: taken shortest first, a forward holds at most ``max_canvases``
+        canvases and ``max_encode_tokens`` new tokens, counted padded to its longest segment's
+        ``length_bucket``, of which at most ``PAD_SHARE`` padding (or one prompt). In a forward a
+        prompt's requests are together and prompts continuing one parent adjacent (one shared part)."""
+        # each prompt as the index of its first request (comparing and hashing the 1,600-id tuples over
+        # and over cost milliseconds per call), with its requests and segment length
+        reads: dict[int, list[int]] = {}
         first: dict[Ids, int] = {}
-        keys = {}
         for index in indices:
+            reads.setdefault(first.setdefault(requests[index].prompt_ids, index), []).append(index)
+
+        def new(prompt: int) -> int:
+            ids = requests[prompt].prompt_ids
+            return len(ids) - deferred[ids]
+
+        def parent(prompt: int) -> int:
+            ids = requests[prompt].prompt_ids
+            return id(boundaries[ids][deferred[ids]])
+
+        chunk: list[int] = []  # prompts
+        canvases = tokens = 0
+        for prompt in sorted(reads, key=new):
+            rows, width = len(chunk) + 1, length_bucket(new(prompt))  # the longest so far
+            padded = rows * width
+            too_many = (
+                canvases + len(reads[prompt]) > self.max_canvases
+                or padded > self.max_encode_tokens
+                or padded - tokens - new(prompt) > PAD_SHARE * padded
+            )
+            if chunk and too_many:
+                yield [index for p in sorted(chunk, key=parent) for index in reads[p]]
+                chunk, canvases, tokens = [], 0, 0
+            chunk.append(prompt)
+            canvases += len(reads[prompt])
+            tokens += new(prompt)
+        if chunk:
+            yield [index for p in sorted(chunk, key=parent) for index in reads[p]]
+
+    def _graphable(self, chunk: list[int], requests: list[ReadRequest], deferred: dict[Ids, int]) -> list[list[int]]:
+        """A joint chunk (prompts continuing one parent adjacent) as one forward per parent where CUDA graphs
+        run: a graph replays forwards of one parent only, and eager forwards over a few canvases are
+        bound by their ~1,500 launches (165 ms for 3 parents on an H200 host, where one graph replay of
+        a parent takes ~20 ms)."""
+        if self._graphs is None:
+            return [chunk]
+
+        def parent(index: int) -> Ids:
             ids = requests[index].prompt_ids
-            start = deferred[ids]
-            keys[index] = (len(ids) - start, id(boundaries[ids][start]), first.setdefault(ids, index))
-        for new, run in groupby(sorted(indices, key=keys.__getitem__), key=lambda index: keys[index][0]):
-            chunk: list[int] = []
-            prompts = 0  # in the chunk
-            for _, reads in groupby(run, key=lambda index: keys[index][2]):
-                group = list(reads)
-                too_many = len(chunk) + len(group) > self.max_canvases or (prompts + 1) * new > self.max_encode_tokens
-                if chunk and too_many:
-                    yield chunk
-                    chunk, prompts = [], 0
-                chunk.extend(group)
-                prompts += 1
-            yield chunk
+            return ids[: deferred[ids]]
+
+        return [list(run) for _, run in groupby(chunk, key=parent)]
 
     def _joint_slot_logits(
         self, batch: list[ReadRequest], deferred: dict[Ids, int], boundaries: dict[Ids, dict[int, PrefixKV]]
@@ -363,7 +422,7 @@ class DiffusionGemmaEngine:
         canvases = self._canvases(batch, [len(request.prompt_ids) for request in batch], self._shared_parts(sources))
         own = [row[request.prompt_ids] for request in batch]
         own_rows = _on(self._model.device, own)
-        masks = self._joint_masks(batch, deferred, sources, own)
+        masks = self._joint_masks(batch, deferred, sources, own, new.tokens.shape[1])
         tokens = (
             bucket(len(prompts)) * length_bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
         )
@@ -375,7 +434,8 @@ class DiffusionGemmaEngine:
                 self._decoder, self._config.layer_types, self._config.sliding_window, new, canvases, own_rows, masks
             )
         layers, hidden = joint
-        for ids, kv in zip(prompts, self._entries(parents, layers), strict=True):
+        lengths = [len(ids) - start for ids, start in zip(prompts, starts, strict=True)]
+        for ids, kv in zip(prompts, self._entries(parents, layers, lengths), strict=True):
             self.prefix_cache.put(ids, kv)
             boundaries[ids][len(ids)] = kv
         return self._head_at_slots(batch, hidden)
@@ -386,20 +446,22 @@ class DiffusionGemmaEngine:
         deferred: dict[Ids, int],
         sources: list[tuple[PrefixKV, int]],
         own_rows: list[int],
+        width: int,
     ) -> JointMasks:
-        """What each canvas of a joint forward sees: of its state's N new tokens (row ``own_rows``), all in
-        a full layer and the last ``window - 1`` in a sliding one; of its parent's held sliding KV, the
-        keys from ``_skip`` on (the rest of its window)."""
-        new = len(batch[0].prompt_ids) - deferred[batch[0].prompt_ids]  # N: one length per joint forward
+        """What each canvas of a joint forward sees: of its state's new tokens (row ``own_rows``, n of the
+        row's ``width`` columns before its padding), all n in a full layer and the last ``window - 1`` in
+        a sliding one; of its parent's held sliding KV, the keys from ``_skip`` on (the rest of its window)."""
         kinds, device = self._config.layer_types, self._model.device
         # on the device: built on the host (about 600 KB for 96 canvases) and copied, these took 15-19 ms in
         # some processes on an H200 host, which delayed the joint forward's launch (1 ms now)
-        visible = {kind: torch.zeros(len(batch), new, device=device) for kind in set(kinds)}
+        lengths = _on(device, [len(r.prompt_ids) - deferred[r.prompt_ids] for r in batch])[:, None]  # (B_c, 1)
+        steps = torch.arange(width, device=device)[None, :]
+        visible = {"full_attention": torch.where(steps < lengths, 0.0, MASKED)}
         shared = {}
         if "sliding_attention" in kinds:
             index, window = kinds.index("sliding_attention"), self._config.sliding_window - 1
-            steps = torch.arange(new, device=device)
-            visible["sliding_attention"] = torch.where(steps >= new - window, 0.0, MASKED).expand(len(batch), -1)
+            seen = (steps >= lengths - window) & (steps < lengths)
+            visible["sliding_attention"] = torch.where(seen, 0.0, MASKED)
             held = max(kv.keys[index].shape[-2] for kv, _ in sources)
             skips = _on(device, [self._skip(len(r.prompt_ids), deferred[r.prompt_ids]) for r in batch])
             keys = torch.arange(held, device=device)
@@ -408,7 +470,9 @@ class DiffusionGemmaEngine:
         in_order = all(a <= b for a, b in pairwise(own_rows))
         counts = Counter(own_rows)
         states = [0, *accumulate(counts[row] for row in range(len(counts)))]
-        return JointMasks(visible, shared, _on(device, states, torch.int32) if in_order else None)
+        return JointMasks(
+            {kind: visible[kind] for kind in set(kinds)}, shared, _on(device, states, torch.int32) if in_order else None
+        )
 
     def _skip(self, length: int, split: int) -> int:
         """Where a sliding layer's read of a prompt of ``length`` tokens split at ``split`` starts in
@@ -445,6 +509,7 @@ class DiffusionGemmaEngine:
         """The requests' noised canvases, right-padded to one width, after prompts of ``lengths``."""
         device = self._model.device
         columns = max(len(request.canvas) for request in batch)  # C: the padded canvas width
+        self._canvas_tokens += sum(len(request.canvas) for request in batch)
         canvases, positions, canvas_bias = [], [], []
         for request, length in zip(batch, lengths, strict=True):
             noised = (
