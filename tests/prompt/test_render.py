@@ -100,6 +100,28 @@ def test_segments_split_the_whole_tokenisation_unchanged(
         assert renderer.tokenizer.encode(text, add_special_tokens=False) == ids
 
 
+@pytest.mark.parametrize(
+    ("instructions", "state"),
+    [
+        ("Be brief.", "plain state"),
+        ("trailing spaces   ", " state after a space"),
+        ("x", "\n\nstate after blank lines"),
+        ("tabs\there", "\tstate after a tab"),
+    ],
+)
+def test_segments_tokenised_piece_by_piece_are_the_whole_tokenisation(
+    causal: Renderer, diffusion: Renderer, instructions: str, state: str
+) -> None:
+    """Pieces between cuts are tokenised alone and remembered; where a token would straddle a cut the
+    renderer tokenises the whole text, so the ids are always those of the whole prompt text."""
+    for renderer in (causal, diffusion):
+        question = choice(renderer, ["x", "y"], instructions="Which?" + instructions)
+        first = renderer.render_branch(question, state, instructions)
+        ids = [t for segment in first.prompt for t in segment]
+        assert renderer.tokenizer.encode(renderer.tokenizer.decode(ids), add_special_tokens=False) == ids
+        assert renderer.render_branch(question, state, instructions) == first  # from the remembered pieces
+
+
 def test_diffusion_canvas_is_answer_slot_turn_end_and_pad(diffusion: Renderer) -> None:
     question = noul(diffusion, "Is it urgent?")
     read = diffusion.render_branch(question, "the server is down")
