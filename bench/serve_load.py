@@ -1,0 +1,508 @@
+"""Decisions through the front door: ``slotread serve`` as a real process, driven over HTTP.
+
+    slotread models shape diffusion-gemma-26b-a4b --out /tmp/dg26       # config + tokenizer, no weights
+    PYTHONPATH=. python bench/serve_load.py --model random:/tmp/dg26 --device cuda
+    PYTHONPATH=. python bench/serve_load.py --model qwen2.5-coder-1.5b-instruct --workloads support \\
+        --concurrency 1,4                                                # the CPU path
+
+Starts the server (``--gateway``: also ``slotread engine`` behind ``slotread serve --upstream``) with
+its own defaults plus ``--device``/``--dtype``, waits for ``/readyz``, then per workload and
+concurrency runs a client in a separate process: C workers post decisions back to back (a 429/529 waits
+its ``retry-after-ms``, as the official SDK does), first for ``--warmup`` seconds, then timed for
+``--seconds``. Around the timed phase the client reads the server's ``/metrics``: the engine's prefix
+cache hits and misses, prompt and canvas tokens computed, CUDA graph captures, and the process's CPU
+time, each per decision. ``--engine-only`` then loads the model in this process and times
+``Engine.read`` alone on the reads the Decider renders for the same requests (a diagnostic).
+
+Workloads (text is random common words; a word is about 1.3 tokens):
+* ``w1``: a shared 1,500-token request-wide ``instructions``, a fresh 100-token state, a yes/no, a
+  4-option choice and a 5-level score, each with its own 20-60-token instructions; ``w1-joint``: the
+  same with ``x_joint: true`` (one canvas for the three);
+* ``w2``: mixed traffic: three schemas (support triage with ``depends_on``/``ask_if``, a 77-option
+  intent choice, a moderation schema of which a request asks its first 1-8 questions), states of
+  20-400 tokens, 10% of requests with ``x_samples: "auto"``;
+* ``support``: README's example questions about short support messages (the CPU path).
+
+The share of the bf16 peak counts 2 FLOPs per active parameter per new token (attention left out)
+against ``--peak-tflops`` (788 measured on an H200 here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+WORDS = [
+    "account",
+    "card",
+    "payment",
+    "transfer",
+    "balance",
+    "refund",
+    "branch",
+    "online",
+    "app",
+    "customer",
+    "service",
+    "charge",
+    "fee",
+    "limit",
+    "statement",
+    "deposit",
+    "loan",
+    "rate",
+    "interest",
+    "phone",
+    "email",
+    "address",
+    "password",
+    "security",
+    "fraud",
+    "report",
+    "block",
+    "travel",
+    "abroad",
+    "currency",
+    "exchange",
+    "cash",
+    "machine",
+    "withdraw",
+    "pending",
+    "declined",
+    "approved",
+    "delay",
+    "week",
+    "month",
+    "today",
+    "tomorrow",
+    "please",
+    "help",
+    "urgent",
+    "problem",
+    "issue",
+    "question",
+    "change",
+    "update",
+    "close",
+    "open",
+    "new",
+    "old",
+    "wrong",
+    "missing",
+    "extra",
+    "twice",
+    "again",
+    "order",
+    "delivery",
+    "price",
+    "team",
+    "manager",
+    "contract",
+    "policy",
+    "rule",
+    "always",
+    "never",
+    "every",
+    "should",
+    "must",
+    "may",
+    "review",
+    "record",
+    "notice",
+    "request",
+    "reply",
+]
+
+
+def words(rng: random.Random, count: int) -> str:
+    """``count`` random words as a sentence."""
+    return " ".join(rng.choice(WORDS) for _ in range(count)).capitalize() + "."
+
+
+def paragraph(rng: random.Random, count: int) -> str:
+    """About ``count`` words in sentences of 12-24."""
+    sentences = []
+    while count > 0:
+        length = min(count, rng.randint(12, 24))
+        sentences.append(words(rng, length))
+        count -= length
+    return " ".join(sentences)
+
+
+_FIXED = random.Random(0)
+POLICY = "\n".join(paragraph(_FIXED, 96) for _ in range(12))  # ~1,150 words: ~1,500 tokens
+W1_QUESTIONS: dict[str, Any] = {
+    "urgent": {"type": "noul", "instructions": paragraph(_FIXED, 15)},
+    "intent": {
+        "type": "choice",
+        "instructions": paragraph(_FIXED, 30),
+        "criteria": {name: words(_FIXED, 5) for name in ("card_arrival", "refund", "lost_or_stolen", "other")},
+    },
+    "severity": {
+        "type": "score",
+        "instructions": paragraph(_FIXED, 45),
+        "criteria": ["none", "low", "moderate", "high", "critical"],
+    },
+}
+SUPPORT_INSTRUCTIONS = paragraph(_FIXED, 300)
+SUPPORT_QUESTIONS: dict[str, Any] = {
+    **W1_QUESTIONS,
+    "escalate": {
+        "type": "noul",
+        "instructions": paragraph(_FIXED, 20),
+        "depends_on": ["intent"],
+        "ask_if": {"urgent": [True]},
+    },
+    "refund_due": {"type": "noul", "instructions": paragraph(_FIXED, 20), "ask_if": {"intent": ["refund"]}},
+}
+INTENTS = {f"{a}_{b}": words(_FIXED, 4) for a, b in zip(WORDS[:77], WORDS[40:] + WORDS[:40], strict=False)}
+INTENT_INSTRUCTIONS = paragraph(_FIXED, 150)
+MODERATION_INSTRUCTIONS = paragraph(_FIXED, 450)
+MODERATION: list[tuple[str, dict[str, Any]]] = [
+    ("spam", {"type": "noul", "instructions": paragraph(_FIXED, 12)}),
+    ("abuse", {"type": "noul", "instructions": paragraph(_FIXED, 18)}),
+    ("topic", {"type": "choice", "instructions": paragraph(_FIXED, 20), "criteria": {w: None for w in WORDS[:6]}}),
+    ("toxicity", {"type": "score", "instructions": paragraph(_FIXED, 25), "criteria": ["none", "some", "severe"]}),
+    ("personal_data", {"type": "noul", "instructions": paragraph(_FIXED, 15)}),
+    ("language_ok", {"type": "noul", "instructions": paragraph(_FIXED, 10)}),
+    ("tone", {"type": "score", "instructions": paragraph(_FIXED, 30), "criteria": ["hostile", "neutral", "warm"]}),
+    ("needs_review", {"type": "noul", "instructions": paragraph(_FIXED, 22), "depends_on": ["abuse", "toxicity"]}),
+]
+MESSAGES = [
+    "My card still hasn't arrived after two weeks and I need it to pay rent on Friday.",
+    "I was charged twice for the same purchase yesterday, please refund one of them.",
+    "Someone stole my wallet this morning, block my card now!",
+    "How do I change the PIN of my debit card?",
+    "The app keeps crashing whenever I try to look at my statements.",
+    "Thanks for the quick help last week, everything works now.",
+]
+README_QUESTIONS = {k: v for k, v in SUPPORT_QUESTIONS.items() if k in ("urgent", "intent", "severity")}
+
+
+def make_request(workload: str, rng: random.Random) -> dict[str, Any]:
+    """One request of ``workload``, fresh text from ``rng``."""
+    seed = rng.randrange(2**31)
+    if workload in ("w1", "w1-joint"):
+        body = {"instructions": POLICY, "state": paragraph(rng, 75), "questions": W1_QUESTIONS, "x_seed": seed}
+        return {**body, "x_joint": True} if workload == "w1-joint" else body
+    if workload == "support":
+        return {"state": rng.choice(MESSAGES), "questions": README_QUESTIONS, "x_seed": seed}
+    state = paragraph(rng, rng.randint(15, 300))
+    kind = rng.randrange(3)
+    if kind == 0:
+        body = {"instructions": SUPPORT_INSTRUCTIONS, "questions": SUPPORT_QUESTIONS}
+    elif kind == 1:
+        intent = {"type": "choice", "instructions": "Which topic is this message about?", "criteria": INTENTS}
+        body = {"instructions": INTENT_INSTRUCTIONS, "questions": {"intent": intent}}
+    else:
+        body = {"instructions": MODERATION_INSTRUCTIONS, "questions": dict(MODERATION[: rng.randint(1, 8)])}
+        if "needs_review" in body["questions"]:
+            body["questions"] = dict(MODERATION)
+    extra = {"x_samples": "auto"} if rng.random() < 0.1 else {}
+    return {**body, "state": state, "x_seed": seed, **extra}
+
+
+# --- the client process -----------------------------------------------------------------------------
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The server's counters that the table divides by decisions."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"^(slotread_engine_\w+?)(?:_total)? ([0-9.e+-]+)$|^(process_cpu_seconds_total) (\S+)$", line)
+        if match:
+            name, value = (match[1], match[2]) if match[1] else (match[3], match[4])
+            found[name] = float(value)
+    return found
+
+
+async def drive(url: str, workload: str, concurrency: int, seconds: float, seed: int) -> dict[str, Any]:
+    """``concurrency`` workers posting back to back for ``seconds``: latencies, statuses, decisions."""
+    latencies: list[float] = []
+    statuses: Counter[str] = Counter()
+    tokens: list[int] = []
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def worker(index: int, client: httpx.AsyncClient) -> None:
+        rng = random.Random(seed * 1000 + index)
+        while time.perf_counter() < deadline:
+            body = make_request(workload, rng)
+            started = time.perf_counter()
+            try:
+                response = await client.post(f"{url}/v1/systemone", json=body)
+            except httpx.HTTPError as exc:
+                statuses[type(exc).__name__] += 1
+                continue
+            statuses[str(response.status_code)] += 1
+            if response.status_code == 200:
+                latencies.append(time.perf_counter() - started)
+                tokens.append(response.json()["usage"]["input_tokens"])
+            elif "retry-after-ms" in response.headers:
+                await asyncio.sleep(float(response.headers["retry-after-ms"]) / 1000)
+
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(i, client) for i in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {"latencies": latencies, "statuses": dict(statuses), "elapsed": elapsed, "tokens": tokens}
+
+
+def client_main(args: argparse.Namespace) -> None:
+    """Warm up, then a timed phase between two scrapes; prints one JSON line."""
+    asyncio.run(drive(args.url, args.workload, args.concurrency, args.warmup, seed=1))
+    before = scrape(args.url)
+    result = asyncio.run(drive(args.url, args.workload, args.concurrency, args.seconds, seed=2))
+    after = scrape(args.url)
+    result["counters"] = {name: after[name] - before.get(name, 0.0) for name in after}
+    print(json.dumps(result))
+
+
+# --- the server processes and the table -------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """A ``slotread`` subcommand as its own process (in its own session, so it can be stopped whole)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "slotread.cli", *command],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, path: str = "/readyz") -> None:
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}{path}", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"the server was not ready in time:\n{log.read_text()[-3000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], args: argparse.Namespace) -> str:
+    latencies, counters = result["latencies"], result.get("counters", {})
+    decisions = max(1, len(latencies))
+    rate = len(latencies) / result["elapsed"]
+
+    def per(name: str, scale: float = 1.0) -> str:
+        return f"{counters[name] * scale / decisions:.1f}" if name in counters else "-"
+
+    new = counters.get("slotread_engine_prompt_tokens", 0) + counters.get("slotread_engine_canvas_tokens", 0)
+    share = new / decisions * rate * 2 * args.active_params / (args.peak_tflops * 1e12) if new else 0.0
+    statuses = " ".join(f"{k}:{v}" for k, v in sorted(result["statuses"].items()))
+    return (
+        f"| {topology} | {workload} | {concurrency} | {rate:.1f} | {percentile(latencies, 0.5) * 1000:.0f} | "
+        f"{percentile(latencies, 0.99) * 1000:.0f} | {statuses} | {new / decisions:.0f} | {share:.1%} | "
+        f"{per('slotread_engine_prefix_cache_hits')} / {per('slotread_engine_prefix_cache_misses')} | "
+        f"{counters.get('slotread_engine_graph_captures', 0):.0f} | {per('process_cpu_seconds_total', 1000)} |"
+    )
+
+
+HEADER = (
+    "| topology | workload | c | decisions/s | p50 ms | p99 ms | statuses | new tokens/dec | bf16 peak | "
+    "cache hits / misses per dec | graph captures | host CPU ms/dec |\n"
+    "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|"
+)
+
+
+def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    processes = []
+    common = ["--model", args.model]
+    try:
+        if topology == "gateway":
+            engine_port = free_port()
+            engine_log = out / "engine.log"
+            engine = start(
+                ["engine", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(engine_port)],
+                engine_log,
+            )
+            processes.append(engine)
+            wait_ready(f"http://127.0.0.1:{engine_port}", engine, engine_log, "/healthz")
+            command = ["serve", *common, "--upstream", f"http://127.0.0.1:{engine_port}", "--port", str(port)]
+        else:
+            command = ["serve", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(port)]
+        log = out / f"{topology}.log"
+        server = start(command, log)
+        processes.append(server)
+        started = time.monotonic()
+        wait_ready(url, server, log)
+        print(f"{topology}: ready in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        rows = []
+        for workload in args.workloads:
+            for concurrency in args.concurrency:
+                client = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "client",
+                        "--url",
+                        url,
+                        "--workload",
+                        workload,
+                        "--concurrency",
+                        str(concurrency),
+                        "--seconds",
+                        str(args.seconds),
+                        "--warmup",
+                        str(args.warmup),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                result = json.loads(client.stdout.strip().splitlines()[-1])
+                (out / f"{topology}-{workload}-c{concurrency}.json").write_text(json.dumps(result))
+                rows.append(row(topology, workload, concurrency, result, args))
+                print(rows[-1], file=sys.stderr, flush=True)
+        return rows
+    finally:
+        for process in reversed(processes):
+            stop(process)
+
+
+def engine_phase(args: argparse.Namespace) -> list[str]:
+    """``Engine.read`` alone on the reads the Decider renders for the same requests: each workload's
+    decisions are answered once through a recording engine, the prefix cache is cleared, two batches
+    warm it up (the shared instructions and schemas), then batches of C decisions' reads are timed."""
+    import torch
+
+    from slotread import Decider
+    from slotread.engines.base import ReadRequest, SlotScores
+
+    class Recording:
+        def __init__(self, engine: Any) -> None:
+            self.engine, self.family, self.noisy, self.max_tokens = (
+                engine,
+                engine.family,
+                engine.noisy,
+                engine.max_tokens,
+            )
+            self.calls: list[list[ReadRequest]] = []
+
+        def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+            self.calls.append(requests)
+            result: list[SlotScores] = self.engine.read(requests)
+            return result
+
+    decider = Decider(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+    engine = decider.engine
+    rows = []
+    for workload in [w for w in args.workloads if w != "w2"]:
+        for concurrency in args.concurrency:
+            batches = 2 + args.engine_batches
+            recorder = Recording(engine)
+            decider.engine = recorder  # type: ignore[assignment]
+            rng = random.Random(7)
+            decisions = []
+            for _ in range(batches * concurrency):
+                recorder.calls = []
+                decider.decide(make_request(workload, rng))
+                decisions.append([request for call in recorder.calls for request in call])
+            decider.engine = engine
+            engine.prefix_cache.clear()
+            times = []
+            for batch in range(batches):
+                merged = [r for d in decisions[batch * concurrency : (batch + 1) * concurrency] for r in d]
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                engine.read(merged)
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                if batch >= 2:
+                    times.append(time.perf_counter() - started)
+            median = statistics.median(times)
+            rows.append(
+                f"| engine alone | {workload} | {concurrency} | {concurrency / median:.1f} | {median * 1000:.0f} |"
+            )
+            print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "client":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("client")
+        for flag in ("--url", "--workload"):
+            parser.add_argument(flag, required=True)
+        parser.add_argument("--concurrency", type=int, required=True)
+        parser.add_argument("--seconds", type=float, required=True)
+        parser.add_argument("--warmup", type=float, required=True)
+        client_main(parser.parse_args())
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="what slotread serve --model takes (random:DIR on a GPU)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--workloads", default="w1,w1-joint,w2", type=lambda s: s.split(","))
+    parser.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(c) for c in s.split(",")])
+    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per row")
+    parser.add_argument("--warmup", type=float, default=10.0, help="untimed seconds before each row")
+    parser.add_argument("--topologies", default="serve", type=lambda s: s.split(","), help="serve,gateway")
+    parser.add_argument("--engine-only", action="store_true", help="then time Engine.read alone on the same reads")
+    parser.add_argument("--engine-batches", type=int, default=5, help="timed batches per engine-only row")
+    parser.add_argument("--active-params", type=float, default=3.8e9, help="active parameters per token")
+    parser.add_argument("--peak-tflops", type=float, default=788.0, help="bf16 peak measured on the device")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "serve_load")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for topology in args.topologies:
+        rows += serve_phase(args, topology, args.out)
+    print(HEADER)
+    print("\n".join(rows))
+    if args.engine_only:
+        engine_rows = engine_phase(args)
+        print("\n| diagnostic | workload | c | decisions/s | ms per batch |\n|---|---|---:|---:|---:|")
+        print("\n".join(engine_rows))
+
+
+if __name__ == "__main__":
+    main()
