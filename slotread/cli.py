@@ -424,7 +424,9 @@ def _add_exclusion_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_item_arguments(parser: argparse.ArgumentParser, verb: str, request_field_help: str) -> None:
     """The flags ``eval`` and ``calibrate`` share: where the items come from and how each is asked."""
     parser.add_argument(
-        "--data-dir", type=Path, help="folder of the built-in datasets (default: $SLOTREAD_DATA, else ../shared/data)"
+        "--data-dir",
+        type=Path,
+        help="folder of the built-in datasets (default: $SLOTREAD_DATA, else the copy shipped in the package)",
     )
     parser.add_argument("--limit", type=int, help=f"{verb} a seeded random sample of this many items")
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")

@@ -1,6 +1,8 @@
 """Labelled data as evaluation items: each row becomes (id, state, gold class), asked one question.
 
-Built-in sets are folders of the data directory (each with its PROVENANCE.md):
+Built-in sets are folders of the data directory (each with its PROVENANCE.md and licence); the package
+ships them xz-compressed in ``slotread/eval/data`` (see its README.md), and a data directory given with
+--data-dir or $SLOTREAD_DATA may hold the same files plain or compressed:
 
     banking77  test (default), train, subset154     one 77-option choice over the customer message
     clinc150   test (default), val, train, test_2per_label
@@ -20,7 +22,9 @@ This module reads files; it knows nothing of models.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import lzma
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -32,8 +36,8 @@ from slotread.errors import EvalError
 
 Kind = Literal["noul", "choice", "score"]
 
-#: The data directory when neither --data-dir nor $SLOTREAD_DATA names one (from the working directory).
-DEFAULT_DATA_DIR = Path("..") / "shared" / "data"
+#: The data directory when neither --data-dir nor $SLOTREAD_DATA names one: the copy shipped in the package.
+PACKAGED_DATA_DIR = Path(__file__).with_name("data")
 
 # Question wording. The causal layout puts the state first and this text after it, followed by the
 # options and "Answer with the label of the best option." (prompt/render.py). BoolQ and SST-5 keep
@@ -121,10 +125,23 @@ def readable(category: str) -> str:
 
 
 def resolve_data_dir(explicit: Path | None) -> Path:
-    """``explicit`` (--data-dir), else $SLOTREAD_DATA, else ../shared/data from the working directory."""
+    """``explicit`` (--data-dir), else $SLOTREAD_DATA, else the data shipped in the package."""
     if explicit is not None:
         return explicit
-    return Path(os.environ.get("SLOTREAD_DATA") or DEFAULT_DATA_DIR)
+    return Path(os.environ.get("SLOTREAD_DATA") or PACKAGED_DATA_DIR)
+
+
+def _open_data(path: Path) -> io.TextIOBase:
+    """A data file as text: ``path`` itself, else its xz-compressed copy ``path.xz``.
+
+    Raises FileNotFoundError naming ``path`` when neither exists.
+    """
+    if path.is_file():
+        return path.open(encoding="utf-8", newline="")
+    compressed = path.with_name(path.name + ".xz")
+    if compressed.is_file():
+        return io.TextIOWrapper(lzma.open(compressed), encoding="utf-8", newline="")
+    raise FileNotFoundError(2, "no such file", str(path))
 
 
 def _choice_task(names: list[str], question: str, descriptions: dict[str, str] | None = None) -> dict[str, Any]:
@@ -137,14 +154,14 @@ def _choice_task(names: list[str], question: str, descriptions: dict[str, str] |
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     """Rows with their line numbers (the header is line 1)."""
-    with path.open(encoding="utf-8", newline="") as handle:
+    with _open_data(path) as handle:
         reader = csv.DictReader(handle)
         for row in reader:
             yield reader.line_num, row
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as handle:
+    with _open_data(path) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -312,8 +329,8 @@ def load_dataset(
             task, items = loader(folder, split)
         except FileNotFoundError as exc:
             raise EvalError(
-                f"no {dataset} data: {exc.filename} is missing (the data directory comes from --data-dir, "
-                f"else $SLOTREAD_DATA, else {DEFAULT_DATA_DIR} from the working directory; "
+                f"no {dataset} data: {exc.filename} is missing, nor is it there xz-compressed (the data "
+                f"directory comes from --data-dir, else $SLOTREAD_DATA, else the copy shipped in the package; "
                 f"looked in {folder.resolve()})"
             ) from None
         return Dataset(dataset, split, task, tuple(items))
