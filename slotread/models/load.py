@@ -126,6 +126,13 @@ def list_models(cache_dir: Path | None = None) -> list[ModelListing]:
     return listings
 
 
+def check_source(spec: str) -> None:
+    """Raise ModelLoadError now, before any slow work, when ``spec`` names no registry model, checkpoint
+    directory or ``.gguf`` file."""
+    if spec not in REGISTRY:
+        _local_source(spec)
+
+
 def checkpoint_dir(spec: str, cache: Path) -> Path:
     """The checkpoint directory ``spec`` names, fetching and converting first where needed."""
     if spec in REGISTRY:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -324,5 +323,5 @@ def test_the_engine_command_serves_reads_on_a_free_port(
         assert_same_read(remote, served.engine.read([request])[0])
     finally:
         process.terminate()
-        # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to exit by it
-        assert process.wait(60) == -signal.SIGTERM, log.read_text()
+        # uvicorn shuts down gracefully on SIGTERM; a clean shutdown exits 0
+        assert process.wait(60) == 0, log.read_text()
