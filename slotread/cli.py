@@ -159,12 +159,14 @@ def _models_list(args: argparse.Namespace) -> int:
 
 
 def _models_fetch(args: argparse.Namespace) -> int:
+    import torch
+
     from slotread.models.fetch import default_cache_dir
     from slotread.models.load import checkpoint_dir
 
     cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()
     for name in args.names:
-        print(f"{name}: {checkpoint_dir(name, cache)}")
+        print(f"{name}: {checkpoint_dir(name, cache, getattr(torch, args.dtype))}")
     return 0
 
 
@@ -817,6 +819,12 @@ def build_parser() -> argparse.ArgumentParser:
         "fetch", help="fetch and convert models now (e.g. before serving offline); prints each checkpoint folder"
     )
     fetch.add_argument("names", nargs="+", metavar="MODEL", help="registry name, checkpoint dir or .gguf file")
+    fetch.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="the dtype the model will be served in; its weights are stored so (default: bfloat16)",
+    )
     fetch.set_defaults(run=_models_fetch)
     tiny = model_commands.add_parser("tiny", help="write a tiny random-weight checkpoint")
     tiny.add_argument("architecture", choices=["diffusion-gemma", "bert", "modernbert"], help="which architecture")

@@ -128,7 +128,7 @@ def test_models_list_names_the_registry(cache_dir: Path, capsys: pytest.CaptureF
 
 
 def test_models_fetch_prints_the_converted_checkpoint(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--cache-dir", str(cache_dir), "models", "fetch", "smollm2-135m-instruct"]) == 0
+    assert main(["--cache-dir", str(cache_dir), "models", "fetch", "smollm2-135m-instruct", "--dtype", "float32"]) == 0
     folder = Path(capsys.readouterr().out.strip().split(": ", 1)[1])
     assert folder == cache_dir / "models" / "smollm2-135m-instruct" and (folder / "config.json").is_file()
     assert main(["--cache-dir", str(cache_dir), "models", "fetch", "no-such-model"]) == 1
