@@ -490,7 +490,11 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument("--dataset", help="banking77, clinc150, sst5, boolq, or a labelled .jsonl/.csv file")
     evaluate.add_argument("--split", help="split of a built-in dataset (default: test; boolq: dev)")
     evaluate.add_argument(
-        "--question", type=Path, help="question file (a System One question object) for a labelled file"
+        "--question",
+        "--questions",
+        dest="question",
+        type=Path,
+        help="question file (a System One question object) for a labelled file",
     )
     evaluate.add_argument(
         "--train",
@@ -778,7 +782,13 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--split", help="split of a built-in dataset to fit on (e.g. train, boolq: dev_rest; default: its eval split)"
     )
-    fit.add_argument("--question", type=Path, help="question file (a System One question object) for a labelled file")
+    fit.add_argument(
+        "--question",
+        "--questions",
+        dest="question",
+        type=Path,
+        help="question file (a System One question object) for a labelled file",
+    )
     _add_exclusion_arguments(fit)
     _add_item_arguments(
         fit, "fit on", "a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)"

@@ -113,6 +113,13 @@ def test_the_common_flags_reach_nested_subcommands_and_default_to_none() -> None
     assert build_parser().parse_args(["engine", "--model", "m", "--cache-dir", "/e"]).cache_dir == Path("/e")
 
 
+@pytest.mark.parametrize("command", ["eval", "calibrate", "fit"])
+@pytest.mark.parametrize("spelling", ["--question", "--questions"])
+def test_eval_calibrate_and_fit_take_either_spelling_of_the_question_file(command: str, spelling: str) -> None:
+    args = build_parser().parse_args([command, "--dataset", "d.jsonl", spelling, "q.json", "--out", "o"])
+    assert args.question == Path("q.json")
+
+
 def test_eval_help_suggests_only_valid_request_fields(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["eval", "--help"])

@@ -12,8 +12,9 @@ ships them xz-compressed in ``slotread/eval/data`` (see its README.md), and a da
                                                     (dev_rest: dev without dev_500, to fit on)
 
 Any other labelled file works with a question file: a ``.jsonl`` of objects or a ``.csv`` with a
-``text`` and a ``label`` field (``id`` optional, else the row number), and a JSON file holding the
-System One question object to ask of every text. A noul label is yes/no (or true/false, 1/0), a
+``text`` and a ``label`` field, or ``state`` and ``answer`` as an example bank's lines name them
+(``id`` optional, else the row number), and a JSON file holding the System One question object to
+ask of every text. A noul label is yes/no (or true/false, 1/0), a
 choice label an option name, a score label a level index or the level's text.
 
 This module reads files; it knows nothing of models.
@@ -302,14 +303,25 @@ def _labelled_file(path: Path, task: Task) -> list[Item]:
         raise EvalError(f"{path}: a labelled file must end in .jsonl or .csv")
     items = []
     for index, (line, row) in enumerate(rows):
-        text = _field(path, line, row, "text")
+        text_field, label_field = _row_fields(path, line, row)
+        text = row[text_field]
         if not isinstance(text, str):
-            raise EvalError(f"{path}:{line}: 'text' must be a string")
-        label = _file_label(task, _field(path, line, row, "label"))
+            raise EvalError(f"{path}:{line}: {text_field!r} must be a string")
+        label = _file_label(task, row[label_field])
         if label is None:
-            raise EvalError(f"{path}:{line}: label {row['label']!r} is not an answer of the question")
+            raise EvalError(f"{path}:{line}: {label_field} {row[label_field]!r} is not an answer of the question")
         items.append(Item(str(row.get("id", index)), text, task.classes.index(label)))
     return items
+
+
+def _row_fields(path: Path, line: int, row: dict[str, Any]) -> tuple[str, str]:
+    """A labelled row's text and label fields: ``text`` and ``label``, or an example bank's ``state``
+    and ``answer`` (they say the same)."""
+    for fields in (("text", "label"), ("state", "answer")):
+        if all(row.get(name) is not None for name in fields):
+            return fields
+    missing = [name for name in ("text", "label") if row.get(name) is None]
+    raise EvalError(f"{path}:{line}: no {' or '.join(map(repr, missing))} field (nor 'state' and 'answer')")
 
 
 def load_dataset(

@@ -184,6 +184,21 @@ def test_a_labelled_noul_file_reads_yes_no_and_booleans(tmp_path: Path) -> None:
     assert [(item.id, item.gold) for item in dataset.items] == [("0", 0), ("1", 1), ("2", 0)]
 
 
+def test_a_labelled_file_may_use_the_example_bank_fields(tmp_path: Path) -> None:
+    question = tmp_path / "q.json"
+    question.write_text(json.dumps({"type": "choice", "criteria": {"outage": None, "billing": None}}))
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"state": "the site is down", "answer": "outage"}\n{"text": "billed twice", "label": "billing"}\n')
+    dataset = load_dataset(str(data), question=question)
+    assert [(item.state, item.gold) for item in dataset.items] == [("the site is down", 0), ("billed twice", 1)]
+    data.write_text('{"state": "the site is down", "answer": "refund"}\n')
+    with pytest.raises(EvalError, match=r"d.jsonl:1: answer 'refund' is not an answer of the question"):
+        load_dataset(str(data), question=question)
+    data.write_text('{"state": "the site is down"}\n')
+    with pytest.raises(EvalError, match=r"d.jsonl:1: no 'text' or 'label' field \(nor 'state' and 'answer'\)"):
+        load_dataset(str(data), question=question)
+
+
 def test_subset_is_seeded_and_keeps_file_order(tmp_path: Path) -> None:
     write_banking77(tmp_path)
     dataset = load_dataset("banking77", data_dir=tmp_path)
