@@ -269,7 +269,7 @@ def _serve(args: argparse.Namespace) -> int:
         "(GET /readyz answers 200 once the model is loaded; the server stays in the foreground)",
         file=sys.stderr,
     )
-    signal.signal(signal.SIGTERM, _stopped)
+    _stop_cleanly()
     server.run()
     if failed:
         print(f"slotread serve: {failed[0]}", file=sys.stderr)
@@ -307,15 +307,25 @@ def _engine(args: argparse.Namespace) -> int:
             f"ready on http://{host}:{port}",
             file=sys.stderr,
         )
-        signal.signal(signal.SIGTERM, _stopped)
+        _stop_cleanly()
         uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
+def _stop_cleanly() -> None:
+    """Make SIGTERM and SIGINT (Ctrl-C) end a server with exit 0 once uvicorn has shut it down.
+
+    uvicorn catches the signal, shuts down (answering the requests in flight), restores the handler
+    it found and raises the signal again: the default handlers would then exit 143, or print a
+    KeyboardInterrupt traceback, after a clean shutdown. Installed just before uvicorn runs, so a
+    signal during an engine's model load still stops it at once.
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stopped)
+
+
 def _stopped(signum: int, frame: object) -> None:
-    """SIGTERM's handler while uvicorn serves: uvicorn catches the signal, shuts down (requests in flight
-    answered), restores this handler and raises the signal again, which the default handler would turn
-    into exit 143 after a clean shutdown; here the command returns 0 instead."""
+    """The signal uvicorn raises again after a clean shutdown: nothing left to do."""
 
 
 def _uvicorn_level(level: str | None) -> str:
