@@ -10,7 +10,6 @@ schema (the prompt prefix) is encoded once and each decision only runs its state
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from slotread.decider import Decider
+from slotread.eval.datasets import load_dataset
 from slotread.prompt.render import LAYOUTS, Renderer
 
 QUESTIONS: dict[str, Any] = {
@@ -43,10 +43,9 @@ QUESTIONS: dict[str, Any] = {
 }
 
 
-def states(decider: Decider, data_dir: Path, count: int, tokens: int = 100) -> list[str]:
+def states(decider: Decider, data_dir: Path | None, count: int, tokens: int = 100) -> list[str]:
     """``count`` states of about ``tokens`` tokens each, from SST-5 test sentences."""
-    with (data_dir / "sst5" / "test.csv").open(encoding="utf-8") as handle:
-        sentences = [row["text"] for row in csv.DictReader(handle)]
+    sentences = [item.state for item in load_dataset("sst5", data_dir=data_dir).items]
     tokenizer = decider.renderer.tokenizer
     out, current = [], ""
     for sentence in sentences:
@@ -98,8 +97,7 @@ def main() -> None:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(os.environ.get("SLOTREAD_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")),
-        help="data directory holding sst5/test.csv (default: $SLOTREAD_DATA, else ../shared/data)",
+        help="data directory holding sst5 (default: $SLOTREAD_DATA, else the copy shipped in the package)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

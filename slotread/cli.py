@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,10 @@ if TYPE_CHECKING:
 
 
 def _read_request(source: str) -> Any:
-    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SlotreadError(f"cannot read the request {source}: {exc.strerror}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -41,6 +45,7 @@ def _decide(args: argparse.Namespace) -> int:
     decider = Decider(
         args.model,
         cache_dir=args.cache_dir,
+        device=args.device,
         dtype=getattr(torch, args.dtype),
         calibration_dir=args.calibration,
         readout_dir=args.readout,
@@ -155,12 +160,14 @@ def _models_list(args: argparse.Namespace) -> int:
 
 
 def _models_fetch(args: argparse.Namespace) -> int:
+    import torch
+
     from slotread.models.fetch import default_cache_dir
     from slotread.models.load import checkpoint_dir
 
     cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()
     for name in args.names:
-        print(f"{name}: {checkpoint_dir(name, cache)}")
+        print(f"{name}: {checkpoint_dir(name, cache, getattr(torch, args.dtype))}")
     return 0
 
 
@@ -192,6 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from slotread.decider import Decider, read_example_bank
+    from slotread.models.load import check_source
     from slotread.serve.app import create_app
     from slotread.settings import Settings
 
@@ -226,6 +234,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # pydantic's ValidationError names every bad setting
         print(f"slotread serve: {exc}", file=sys.stderr)
         return 1
+    if settings.upstreams and "model" not in settings.model_fields_set:
+        from slotread.engines.remote.engine import upstream_model
+
+        # a gateway named no model: it serves the one its replicas serve
+        adopted = upstream_model(settings.upstreams, timeout_s=settings.upstream_timeout_s)
+        settings = settings.model_copy(update={"model": adopted})
+    check_source(settings.model)  # a mistyped name fails now, not after the server has started
     failed: list[BaseException] = []
 
     def load() -> Decider:
@@ -264,21 +279,22 @@ def _serve(args: argparse.Namespace) -> int:
         app,
         host=settings.host,
         port=settings.port,
-        log_level=args.log_level.lower(),
+        log_level=_uvicorn_level(args.log_level),
         # Stop taking connections, then give the decisions in flight this long to finish.
         timeout_graceful_shutdown=int(settings.request_deadline_s) + 30,
     )
     server = uvicorn.Server(config)
     via = f" through {len(settings.upstreams)} upstreams" if settings.upstreams else f" on {settings.device}"
     print(
-        f"slotread: serving {settings.model}{via} on http://{settings.host}:{settings.port} "
-        "(GET /readyz answers 200 once the model is loaded)",
+        f"slotread: loading {settings.model}{via}, to serve on http://{settings.host}:{settings.port} "
+        "(GET /readyz answers 200 once the model is loaded; the server stays in the foreground)",
         file=sys.stderr,
     )
     if settings.model.startswith(RANDOM_PREFIX):
         print(
             "slotread: the model's weights are random: its answers are noise (speed measurements only)", file=sys.stderr
         )
+    _stop_cleanly()
     server.run()
     if failed:
         print(f"slotread serve: {failed[0]}", file=sys.stderr)
@@ -308,7 +324,7 @@ def _engine(args: argparse.Namespace) -> int:
         # Connections are refused until the model is loaded, then queue until uvicorn accepts them.
         sock.listen(2048)
         config = uvicorn.Config(
-            create_engine_app(served), log_level=args.log_level.lower(), timeout_graceful_shutdown=30
+            create_engine_app(served), log_level=_uvicorn_level(args.log_level), timeout_graceful_shutdown=30
         )
         host, port = sock.getsockname()[:2]
         print(
@@ -316,8 +332,30 @@ def _engine(args: argparse.Namespace) -> int:
             f"ready on http://{host}:{port}",
             file=sys.stderr,
         )
+        _stop_cleanly()
         uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _stop_cleanly() -> None:
+    """Make SIGTERM and SIGINT (Ctrl-C) end a server with exit 0 once uvicorn has shut it down.
+
+    uvicorn catches the signal, shuts down (answering the requests in flight), restores the handler
+    it found and raises the signal again: the default handlers would then exit 143, or print a
+    KeyboardInterrupt traceback, after a clean shutdown. Installed just before uvicorn runs, so a
+    signal during an engine's model load still stops it at once.
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stopped)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """The signal uvicorn raises again after a clean shutdown: nothing left to do."""
+
+
+def _uvicorn_level(level: str | None) -> str:
+    """uvicorn's log level: the --log-level given, else warning (no line per request)."""
+    return (level or "warning").lower()
 
 
 def _request_field(text: str) -> tuple[str, Any]:
@@ -449,7 +487,9 @@ def _add_exclusion_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_item_arguments(parser: argparse.ArgumentParser, verb: str, request_field_help: str) -> None:
     """The flags ``eval`` and ``calibrate`` share: where the items come from and how each is asked."""
     parser.add_argument(
-        "--data-dir", type=Path, help="folder of the built-in datasets (default: $SLOTREAD_DATA, else ../shared/data)"
+        "--data-dir",
+        type=Path,
+        help="folder of the built-in datasets (default: $SLOTREAD_DATA, else the copy shipped in the package)",
     )
     parser.add_argument("--limit", type=int, help=f"{verb} a seeded random sample of this many items")
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
@@ -485,14 +525,20 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     evaluate.add_argument("--dataset", help="banking77, clinc150, sst5, boolq, or a labelled .jsonl/.csv file")
     evaluate.add_argument("--split", help="split of a built-in dataset (default: test; boolq: dev)")
     evaluate.add_argument(
-        "--question", type=Path, help="question file (a System One question object) for a labelled file"
+        "--question",
+        "--questions",
+        dest="question",
+        type=Path,
+        help="question file (a System One question object) for a labelled file",
     )
     evaluate.add_argument(
         "--train",
         help="train file for the baseline on a labelled file (built-ins use their train split; boolq: dev_rest)",
     )
     _add_item_arguments(
-        evaluate, "evaluate", "an extra request field, e.g. x_samples=4 or x_calibration=true; repeatable"
+        evaluate,
+        "evaluate",
+        "an extra request field, its value JSON, e.g. x_samples=4 or x_calibration='\"contextual\"'; repeatable",
     )
     evaluate.add_argument(
         "--calibration", type=Path, help="directory of calibration artifacts (slotread calibrate --out) to serve"
@@ -625,16 +671,35 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     fit.set_defaults(run=_fit)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="slotread", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ...)")
+def _add_common_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    """--log-level and --cache-dir, which go before or after any subcommand."""
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        help="logging level (DEBUG, INFO, WARNING, ...); default: slotread's own messages (fetching, "
+        "converting, loading, ready) at INFO, other libraries' at WARNING",
+    )
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=None,
+        default=default,
         help="where fetched models are kept (default: $SLOTREAD_CACHE, else ~/.cache/slotread)",
     )
+
+
+def _add_common_flags_to_subcommands(parser: argparse.ArgumentParser) -> None:
+    """Every (nested) subcommand takes the common flags; given there, they win over the top level's."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _add_common_flags(subparser, argparse.SUPPRESS)  # SUPPRESS: not given keeps the top level's
+                _add_common_flags_to_subcommands(subparser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="slotread", description=__doc__)
+    _add_common_flags(parser, None)
     commands = parser.add_subparsers(dest="command", required=True)
 
     decide = commands.add_parser("decide", help="answer one System One request and print the response JSON")
@@ -643,6 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default=DEFAULT_MODEL, help=f"registry name, checkpoint dir or .gguf file (default: {DEFAULT_MODEL})"
     )
     decide.add_argument("--seed", type=int, default=None, help="noise seed (sets the request's x_seed)")
+    decide.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
     decide.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
     )
@@ -769,7 +835,13 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--split", help="split of a built-in dataset to fit on (e.g. train, boolq: dev_rest; default: its eval split)"
     )
-    fit.add_argument("--question", type=Path, help="question file (a System One question object) for a labelled file")
+    fit.add_argument(
+        "--question",
+        "--questions",
+        dest="question",
+        type=Path,
+        help="question file (a System One question object) for a labelled file",
+    )
     _add_exclusion_arguments(fit)
     _add_item_arguments(
         fit, "fit on", "a read option the artifact is fitted under, e.g. x_permutations=4 (as slotread eval takes it)"
@@ -800,12 +872,6 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
     )
-    engine.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=argparse.SUPPRESS,  # keeps the top-level --cache-dir when not given here
-        help="where fetched models are kept (default: $SLOTREAD_CACHE, else ~/.cache/slotread)",
-    )
     engine.set_defaults(run=_engine)
 
     models = commands.add_parser("models", help="list or fetch registry models, or write a tiny test model")
@@ -816,6 +882,12 @@ def build_parser() -> argparse.ArgumentParser:
         "fetch", help="fetch and convert models now (e.g. before serving offline); prints each checkpoint folder"
     )
     fetch.add_argument("names", nargs="+", metavar="MODEL", help="registry name, checkpoint dir or .gguf file")
+    fetch.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="the dtype the model will be served in; its weights are stored so (default: bfloat16)",
+    )
     fetch.set_defaults(run=_models_fetch)
     tiny = model_commands.add_parser("tiny", help="write a tiny random-weight checkpoint")
     tiny.add_argument("architecture", choices=["diffusion-gemma", "bert", "modernbert"], help="which architecture")
@@ -829,13 +901,15 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--out", required=True, help="directory to write the config and tokenizer to")
     shape.set_defaults(run=_models_shape)
     _add_eval(commands)
+    _add_common_flags_to_subcommands(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=(args.log_level or "WARNING").upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("slotread").setLevel((args.log_level or "INFO").upper())
     try:
         code: int = args.run(args)
     except InvalidRequest as exc:

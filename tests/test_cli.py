@@ -1,12 +1,19 @@
 """The slotread command line, run in process on the tiny DiffusionGemma."""
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from slotread.cli import main
+from slotread.cli import build_parser, main
+from tests.engines.remote.replicas import Replica, free_port
 
 REQUEST = {"state": "the server is down", "questions": {"urgent": {"type": "noul"}}}
 
@@ -16,7 +23,7 @@ def test_decide_prints_the_response(
 ) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps(REQUEST))
-    assert main(["decide", "--model", str(tiny_diffusion_dir), "--seed", "5", str(request)]) == 0
+    assert main(["decide", "--model", str(tiny_diffusion_dir), "--seed", "5", "--device", "cpu", str(request)]) == 0
     response = json.loads(capsys.readouterr().out)
     assert set(response["answers"]) == {"urgent"} and type(response["answers"]["urgent"]["noul"]) is float
     assert main(["decide", "--model", str(tiny_diffusion_dir), "--seed", "5", str(request)]) == 0
@@ -80,6 +87,46 @@ def test_an_unloadable_model_exits_1_naming_it(tmp_path: Path, capsys: pytest.Ca
     assert "no-such-model" in capsys.readouterr().err
 
 
+def test_decide_names_a_request_file_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["decide", str(tmp_path / "missing.json")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"slotread: cannot read the request {tmp_path / 'missing.json'}: No such file or directory\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--log-level", "INFO", "--cache-dir", "/c", "decide", "r.json"],
+        ["decide", "r.json", "--log-level", "INFO", "--cache-dir", "/c"],
+        ["--log-level", "DEBUG", "--cache-dir", "/top", "decide", "--log-level", "INFO", "--cache-dir", "/c", "r.json"],
+    ],
+)
+def test_the_common_flags_go_before_or_after_the_subcommand(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.log_level, args.cache_dir) == ("INFO", Path("/c"))
+
+
+def test_the_common_flags_reach_nested_subcommands_and_default_to_none() -> None:
+    args = build_parser().parse_args(["models", "list", "--cache-dir", "/c"])
+    assert args.cache_dir == Path("/c") and args.log_level is None
+    assert build_parser().parse_args(["eval", "table", "run", "--log-level", "ERROR"]).log_level == "ERROR"
+    assert build_parser().parse_args(["engine", "--model", "m", "--cache-dir", "/e"]).cache_dir == Path("/e")
+
+
+@pytest.mark.parametrize("command", ["eval", "calibrate", "fit"])
+@pytest.mark.parametrize("spelling", ["--question", "--questions"])
+def test_eval_calibrate_and_fit_take_either_spelling_of_the_question_file(command: str, spelling: str) -> None:
+    args = build_parser().parse_args([command, "--dataset", "d.jsonl", spelling, "q.json", "--out", "o"])
+    assert args.question == Path("q.json")
+
+
+def test_eval_help_suggests_only_valid_request_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "x_calibration=true" not in out and "x_calibration='\"contextual\"'" in out
+
+
 def test_models_list_names_the_registry(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--cache-dir", str(cache_dir), "models", "list"]) == 0
     out = capsys.readouterr().out
@@ -88,7 +135,7 @@ def test_models_list_names_the_registry(cache_dir: Path, capsys: pytest.CaptureF
 
 
 def test_models_fetch_prints_the_converted_checkpoint(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--cache-dir", str(cache_dir), "models", "fetch", "smollm2-135m-instruct"]) == 0
+    assert main(["--cache-dir", str(cache_dir), "models", "fetch", "smollm2-135m-instruct", "--dtype", "float32"]) == 0
     folder = Path(capsys.readouterr().out.strip().split(": ", 1)[1])
     assert folder == cache_dir / "models" / "smollm2-135m-instruct" and (folder / "config.json").is_file()
     assert main(["--cache-dir", str(cache_dir), "models", "fetch", "no-such-model"]) == 1
@@ -106,9 +153,47 @@ def test_models_tiny_writes_a_loadable_checkpoint(
     assert main(["--cache-dir", str(cache_dir), "decide", "--model", str(out), str(request)]) == 0
 
 
-def test_serve_exits_1_naming_a_model_it_cannot_load(capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_exits_1_naming_a_model_it_cannot_load_before_announcing_itself(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["serve", "--model", "no-such-model", "--port", "0"]) == 1
-    assert "no-such-model" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("slotread: cannot load model 'no-such-model': no registry model, directory or file")
+    assert "http://" not in err and "Traceback" not in err
+
+
+def test_a_gateway_without_a_model_serves_its_replicas_says_when_ready_and_exits_0_on_sigterm(
+    diffusion_replicas: list[Replica], tmp_path: Path
+) -> None:
+    replica = diffusion_replicas[0]
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("SLOTREAD_MODEL", None)
+    command = [sys.executable, "-m", "slotread.cli", "serve", "--upstream", replica.url, "--port", str(port)]
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stderr=stderr, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while "ready: serving" not in log.read_text():  # said at the default log level
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert f"loading {replica.model} through 1 upstreams" in log.read_text()
+        listing = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert listing["models"][0]["name"] == replica.model
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    assert code == 0, log.read_text()
+
+
+def test_a_gateway_without_a_model_names_upstreams_that_do_not_say_theirs(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+    assert main(["serve", "--upstream", url, "--upstream-timeout", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"slotread: no upstream said which one model it serves ({url}: ")
+    assert err.rstrip().endswith("name it with --model")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """Labelled data as evaluation items: each row becomes (id, state, gold class), asked one question.
 
-Built-in sets are folders of the data directory (each with its PROVENANCE.md):
+Built-in sets are folders of the data directory (each with its PROVENANCE.md and licence); the package
+ships them xz-compressed in ``slotread/eval/data`` (see its README.md), and a data directory given with
+--data-dir or $SLOTREAD_DATA may hold the same files plain or compressed:
 
     banking77  test (default), train, subset154     one 77-option choice over the customer message
     clinc150   test (default), val, train, test_2per_label
@@ -10,8 +12,9 @@ Built-in sets are folders of the data directory (each with its PROVENANCE.md):
                                                     (dev_rest: dev without dev_500, to fit on)
 
 Any other labelled file works with a question file: a ``.jsonl`` of objects or a ``.csv`` with a
-``text`` and a ``label`` field (``id`` optional, else the row number), and a JSON file holding the
-System One question object to ask of every text. A noul label is yes/no (or true/false, 1/0), a
+``text`` and a ``label`` field, or ``state`` and ``answer`` as an example bank's lines name them
+(``id`` optional, else the row number), and a JSON file holding the System One question object to
+ask of every text. A noul label is yes/no (or true/false, 1/0), a
 choice label an option name, a score label a level index or the level's text.
 
 This module reads files; it knows nothing of models.
@@ -20,7 +23,9 @@ This module reads files; it knows nothing of models.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import lzma
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -32,8 +37,8 @@ from slotread.errors import EvalError
 
 Kind = Literal["noul", "choice", "score"]
 
-#: The data directory when neither --data-dir nor $SLOTREAD_DATA names one (from the working directory).
-DEFAULT_DATA_DIR = Path("..") / "shared" / "data"
+#: The data directory when neither --data-dir nor $SLOTREAD_DATA names one: the copy shipped in the package.
+PACKAGED_DATA_DIR = Path(__file__).with_name("data")
 
 # Question wording. The causal layout puts the state first and this text after it, followed by the
 # options and "Answer with the label of the best option." (prompt/render.py). BoolQ and SST-5 keep
@@ -121,10 +126,23 @@ def readable(category: str) -> str:
 
 
 def resolve_data_dir(explicit: Path | None) -> Path:
-    """``explicit`` (--data-dir), else $SLOTREAD_DATA, else ../shared/data from the working directory."""
+    """``explicit`` (--data-dir), else $SLOTREAD_DATA, else the data shipped in the package."""
     if explicit is not None:
         return explicit
-    return Path(os.environ.get("SLOTREAD_DATA") or DEFAULT_DATA_DIR)
+    return Path(os.environ.get("SLOTREAD_DATA") or PACKAGED_DATA_DIR)
+
+
+def _open_data(path: Path) -> io.TextIOBase:
+    """A data file as text: ``path`` itself, else its xz-compressed copy ``path.xz``.
+
+    Raises FileNotFoundError naming ``path`` when neither exists.
+    """
+    if path.is_file():
+        return path.open(encoding="utf-8", newline="")
+    compressed = path.with_name(path.name + ".xz")
+    if compressed.is_file():
+        return io.TextIOWrapper(lzma.open(compressed), encoding="utf-8", newline="")
+    raise FileNotFoundError(2, "no such file", str(path))
 
 
 def _choice_task(names: list[str], question: str, descriptions: dict[str, str] | None = None) -> dict[str, Any]:
@@ -137,14 +155,14 @@ def _choice_task(names: list[str], question: str, descriptions: dict[str, str] |
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     """Rows with their line numbers (the header is line 1)."""
-    with path.open(encoding="utf-8", newline="") as handle:
+    with _open_data(path) as handle:
         reader = csv.DictReader(handle)
         for row in reader:
             yield reader.line_num, row
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as handle:
+    with _open_data(path) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -285,14 +303,25 @@ def _labelled_file(path: Path, task: Task) -> list[Item]:
         raise EvalError(f"{path}: a labelled file must end in .jsonl or .csv")
     items = []
     for index, (line, row) in enumerate(rows):
-        text = _field(path, line, row, "text")
+        text_field, label_field = _row_fields(path, line, row)
+        text = row[text_field]
         if not isinstance(text, str):
-            raise EvalError(f"{path}:{line}: 'text' must be a string")
-        label = _file_label(task, _field(path, line, row, "label"))
+            raise EvalError(f"{path}:{line}: {text_field!r} must be a string")
+        label = _file_label(task, row[label_field])
         if label is None:
-            raise EvalError(f"{path}:{line}: label {row['label']!r} is not an answer of the question")
+            raise EvalError(f"{path}:{line}: {label_field} {row[label_field]!r} is not an answer of the question")
         items.append(Item(str(row.get("id", index)), text, task.classes.index(label)))
     return items
+
+
+def _row_fields(path: Path, line: int, row: dict[str, Any]) -> tuple[str, str]:
+    """A labelled row's text and label fields: ``text`` and ``label``, or an example bank's ``state``
+    and ``answer`` (they say the same)."""
+    for fields in (("text", "label"), ("state", "answer")):
+        if all(row.get(name) is not None for name in fields):
+            return fields
+    missing = [name for name in ("text", "label") if row.get(name) is None]
+    raise EvalError(f"{path}:{line}: no {' or '.join(map(repr, missing))} field (nor 'state' and 'answer')")
 
 
 def load_dataset(
@@ -312,8 +341,8 @@ def load_dataset(
             task, items = loader(folder, split)
         except FileNotFoundError as exc:
             raise EvalError(
-                f"no {dataset} data: {exc.filename} is missing (the data directory comes from --data-dir, "
-                f"else $SLOTREAD_DATA, else {DEFAULT_DATA_DIR} from the working directory; "
+                f"no {dataset} data: {exc.filename} is missing, nor is it there xz-compressed (the data "
+                f"directory comes from --data-dir, else $SLOTREAD_DATA, else the copy shipped in the package; "
                 f"looked in {folder.resolve()})"
             ) from None
         return Dataset(dataset, split, task, tuple(items))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ RUN_INFO = "run.json"
 PREDICTIONS = "predictions.csv"
 METRICS = "metrics.json"
 RELIABILITY = "reliability.png"
+#: characters of a title line that fit the reliability diagram's width
+TITLE_WIDTH = 44
 
 #: Table columns: metrics.json key -> heading, in print order; a column shows when any run has it.
 COLUMNS = {
@@ -54,6 +57,13 @@ def load_run(out: Path) -> tuple[dict[str, Any], Predictions]:
     return info, read_predictions(out / PREDICTIONS)
 
 
+def system_label(info: dict[str, Any]) -> str:
+    """How tables and comparisons name a run's system: a run answered by learned readouts
+    (``x_readout``) is ``<model> readout``, apart from the model's plain reads."""
+    readout = (info.get("request") or {}).get("x_readout") is True
+    return f"{info['system']} readout" if readout else str(info["system"])
+
+
 def read_metrics(out: Path) -> dict[str, Any]:
     """A finished run's metrics.json."""
     try:
@@ -81,13 +91,12 @@ def write_report(out: Path) -> dict[str, Any]:
         reads=predictions.reads,
         sets=predictions.sets,
     )
-    body: dict[str, Any] = {key: info[key] for key in ("system", "dataset", "split")}
+    body: dict[str, Any] = {"system": system_label(info), "dataset": info["dataset"], "split": info["split"]}
     body["items"] = len(predictions.ids)
     body |= {key: None if math.isnan(value) else value for key, value in metrics.items()}
     (out / METRICS).write_text(json.dumps(body, ensure_ascii=False, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    plot_reliability(
-        predictions, out / RELIABILITY, f"{info['system']}: {info['dataset']} {info['split'] or ''}".strip()
-    )
+    dataset = Path(info["dataset"]).name if info["split"] is None else f"{info['dataset']} {info['split']}"
+    plot_reliability(predictions, out / RELIABILITY, f"{body['system']}\n{dataset}")
     return body
 
 
@@ -96,6 +105,7 @@ def plot_reliability(predictions: Predictions, path: Path, title: str) -> None:
     # A bare Figure renders PNG through Agg without pyplot's global state (no display needed).
     from matplotlib.figure import Figure
 
+    title = "\n".join(textwrap.fill(line, TITLE_WIDTH) for line in title.splitlines())  # fits the figure
     grouped = reliability_bins(predictions.probabilities, predictions.gold, ECE_BINS)
     centres = (grouped.edges[:-1] + grouped.edges[1:]) / 2
     width = 1 / ECE_BINS
@@ -159,12 +169,21 @@ class Comparison:
 
 
 def compare(run_a: Path, run_b: Path) -> Comparison:
-    """Pair two runs of the same dataset and split by item id and test their accuracies."""
+    """Pair two runs of the same data by item id and test their accuracies.
+
+    Runs of a built-in set must be on the same split. Runs of labelled files may be on two files (a
+    file and a subset of it): their items pair by id (the file's ``id`` field, else the row number),
+    and they must have the same classes and agree on every paired item's gold label.
+    """
     info_a, a = load_run(run_a)
     info_b, b = load_run(run_b)
-    for key in ("dataset", "split"):
-        if info_a[key] != info_b[key]:
-            raise EvalError(f"the runs are on different data ({key}: {info_a[key]!r} vs {info_b[key]!r})")
+    if info_a["split"] is None and info_b["split"] is None:  # labelled files
+        if info_a["task"]["classes"] != info_b["task"]["classes"]:
+            raise EvalError("the runs are on different data (their questions have different classes)")
+    else:
+        for key in ("dataset", "split"):
+            if info_a[key] != info_b[key]:
+                raise EvalError(f"the runs are on different data ({key}: {info_a[key]!r} vs {info_b[key]!r})")
     row_b = {item_id: index for index, item_id in enumerate(b.ids)}
     pairs = [(index, row_b[item_id]) for index, item_id in enumerate(a.ids) if item_id in row_b]
     if not pairs:
@@ -178,8 +197,8 @@ def compare(run_a: Path, run_b: Path) -> Comparison:
     flips = int(np.sum(np.array(a.classes)[predicted_a] != np.array(b.classes)[predicted_b]))
     a_only, b_only = int(np.sum(right_a & ~right_b)), int(np.sum(right_b & ~right_a))
     return Comparison(
-        info_a["system"],
-        info_b["system"],
+        system_label(info_a),
+        system_label(info_b),
         len(pairs),
         float(right_a.mean()),
         float(right_b.mean()),

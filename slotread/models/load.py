@@ -1,9 +1,11 @@
 """Load a model by registry name, checkpoint directory or ``.gguf`` file, ready to read.
 
 * A registry name is fetched (``fetch``) and converted (``convert``) on first use into
-  ``<cache>/models/<name>``, then loaded from there.
-* A ``.gguf`` file is converted once into ``<cache>/models/<stem>-<sha256 prefix>``; the file is
-  hashed on every load (about a second per GB) so an edited file is converted again.
+  ``<cache>/models/<name>`` (float32 weights) or ``<cache>/models/<name>-bfloat16`` (for a model
+  loaded in bfloat16), then loaded from there.
+* A ``.gguf`` file is converted once into ``<cache>/models/<stem>-<sha256 prefix>`` (``-bfloat16``
+  likewise); the file is hashed on every load (about a second per GB) so an edited file is converted
+  again.
 * ``random:DIR`` loads DIR's config and tokenizer and draws random weights on the device
   (``slotread.models.shapes``: a real shape benchmarked without its checkpoint; answers are noise).
 * A directory is loaded as it is. Its ``config.json`` decides the class: model type
@@ -45,7 +47,7 @@ from transformers import (
 )
 
 from slotread.errors import ModelLoadError
-from slotread.models.convert import convert_gguf, is_converted, tokenizer_from_gguf
+from slotread.models.convert import convert_gguf, is_converted, stored_dtype, tokenizer_from_gguf
 from slotread.models.fetch import default_cache_dir, fetch_artifact, sha256_file
 from slotread.models.masked_adapter import has_remote_code, is_masked
 from slotread.models.registry import REGISTRY, Family
@@ -101,7 +103,7 @@ def load_model(
     if spec.startswith(RANDOM_PREFIX):
         return _load_random(_local_source(spec.removeprefix(RANDOM_PREFIX)), spec, device, dtype)
     cache = cache_dir if cache_dir is not None else default_cache_dir()
-    return _load_checkpoint(checkpoint_dir(spec, cache), spec, device, dtype)
+    return _load_checkpoint(checkpoint_dir(spec, cache, dtype), spec, device, dtype)
 
 
 def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> LoadedTokenizer:
@@ -114,41 +116,60 @@ def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> LoadedTokeniz
     if spec in REGISTRY:
         entry = REGISTRY[spec]
         cache = cache_dir if cache_dir is not None else default_cache_dir()
-        directory = cache / "models" / entry.name
-        if is_converted(directory, entry.gguf.sha256):
-            return _directory_tokenizer(directory, spec)
+        for dtype in (torch.bfloat16, torch.float32):
+            directory = converted_dir(cache / "models" / entry.name, dtype)
+            if is_converted(directory, entry.gguf.sha256, dtype):
+                return _directory_tokenizer(directory, spec)
         return _gguf_tokenizer(fetch_artifact(entry.gguf, cache, model=spec), spec, entry.family)
     source = _local_source(spec.removeprefix(RANDOM_PREFIX))
     return _gguf_tokenizer(source, spec, "causal") if source.is_file() else _directory_tokenizer(source, spec)
 
 
 def list_models(cache_dir: Path | None = None) -> list[ModelListing]:
-    """Every registry model, and whether its converted checkpoint is already cached."""
+    """Every registry model, and whether a converted checkpoint is already cached (the bfloat16 one
+    first: the one the server and the commands load by default)."""
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     listings = []
     for model in REGISTRY.values():
-        directory = cache / "models" / model.name
-        listings.append(
-            ModelListing(model.name, model.description, is_converted(directory, model.gguf.sha256), directory)
-        )
+        converted = [
+            directory
+            for dtype in (torch.bfloat16, torch.float32)
+            if is_converted(directory := converted_dir(cache / "models" / model.name, dtype), model.gguf.sha256, dtype)
+        ]
+        path = converted[0] if converted else converted_dir(cache / "models" / model.name, torch.bfloat16)
+        listings.append(ModelListing(model.name, model.description, bool(converted), path))
     return listings
 
 
-def checkpoint_dir(spec: str, cache: Path) -> Path:
-    """The checkpoint directory ``spec`` names, fetching and converting first where needed."""
+def converted_dir(base: Path, dtype: torch.dtype) -> Path:
+    """Where the conversion stored for ``dtype`` lives: ``base`` for float32, ``base-bfloat16`` for bfloat16."""
+    return base if stored_dtype(dtype) == torch.float32 else base.with_name(f"{base.name}-bfloat16")
+
+
+def check_source(spec: str) -> None:
+    """Raise ModelLoadError now, before any slow work, when ``spec`` names no registry model, checkpoint
+    directory or ``.gguf`` file."""
+    if spec not in REGISTRY:
+        _local_source(spec.removeprefix(RANDOM_PREFIX))
+
+
+def checkpoint_dir(spec: str, cache: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """The checkpoint directory ``spec`` names for loading in ``dtype``, fetching and converting first
+    where needed (a directory is loaded as it is, whatever its dtype)."""
+    stored = stored_dtype(dtype)
     if spec in REGISTRY:
         entry = REGISTRY[spec]
-        directory = cache / "models" / entry.name
-        if not is_converted(directory, entry.gguf.sha256):
+        directory = converted_dir(cache / "models" / entry.name, stored)
+        if not is_converted(directory, entry.gguf.sha256, stored):
             gguf = fetch_artifact(entry.gguf, cache, model=spec)
-            convert_gguf(gguf, directory, model=spec, source_sha256=entry.gguf.sha256)
+            convert_gguf(gguf, directory, model=spec, source_sha256=entry.gguf.sha256, dtype=stored)
         return directory
     path = _local_source(spec)
     if path.is_dir():
         return path
     digest = sha256_file(path)
-    directory = cache / "models" / f"{path.stem}-{digest[:12]}"
-    return convert_gguf(path, directory, model=spec, source_sha256=digest)
+    directory = converted_dir(cache / "models" / f"{path.stem}-{digest[:12]}", stored)
+    return convert_gguf(path, directory, model=spec, source_sha256=digest, dtype=stored)
 
 
 def _local_source(spec: str) -> Path:

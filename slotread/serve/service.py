@@ -20,7 +20,7 @@ from typing import Any
 from slotread.decider import Decider
 from slotread.engines.base import Counted
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.errors import NotReady
+from slotread.errors import NotReady, SlotreadError
 from slotread.serve.admission import AdmissionGate
 from slotread.serve.auth import ApiKeys
 from slotread.serve.batcher import BatchingEngine
@@ -68,7 +68,10 @@ class DecisionService:
             await asyncio.to_thread(decider.decide, _WARM_UP)
         except Exception as exc:
             self.load_error = str(exc)
-            logger.exception("the model failed to load; the server stays unready")
+            if isinstance(exc, SlotreadError):  # a reason, not a bug: its message says it all
+                logger.error("the model failed to load; the server stays unready: %s", exc)
+            else:
+                logger.exception("the model failed to load; the server stays unready")
             return
         self.serve(decider)
 

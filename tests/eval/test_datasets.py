@@ -1,6 +1,7 @@
-"""Dataset loaders on small files written here in each real format (the data itself is never committed)."""
+"""Dataset loaders on small files written here in each real format, and on the copies the package ships."""
 
 import json
+import lzma
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +11,9 @@ import pytest
 from slotread.errors import EvalError
 from slotread.eval.datasets import (
     BOOLQ_QUESTION,
+    BUILTIN,
     CLINC150_OUT_OF_SCOPE,
+    PACKAGED_DATA_DIR,
     SST5_LEVELS,
     Dataset,
     Item,
@@ -181,6 +184,21 @@ def test_a_labelled_noul_file_reads_yes_no_and_booleans(tmp_path: Path) -> None:
     assert [(item.id, item.gold) for item in dataset.items] == [("0", 0), ("1", 1), ("2", 0)]
 
 
+def test_a_labelled_file_may_use_the_example_bank_fields(tmp_path: Path) -> None:
+    question = tmp_path / "q.json"
+    question.write_text(json.dumps({"type": "choice", "criteria": {"outage": None, "billing": None}}))
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"state": "the site is down", "answer": "outage"}\n{"text": "billed twice", "label": "billing"}\n')
+    dataset = load_dataset(str(data), question=question)
+    assert [(item.state, item.gold) for item in dataset.items] == [("the site is down", 0), ("billed twice", 1)]
+    data.write_text('{"state": "the site is down", "answer": "refund"}\n')
+    with pytest.raises(EvalError, match=r"d.jsonl:1: answer 'refund' is not an answer of the question"):
+        load_dataset(str(data), question=question)
+    data.write_text('{"state": "the site is down"}\n')
+    with pytest.raises(EvalError, match=r"d.jsonl:1: no 'text' or 'label' field \(nor 'state' and 'answer'\)"):
+        load_dataset(str(data), question=question)
+
+
 def test_subset_is_seeded_and_keeps_file_order(tmp_path: Path) -> None:
     write_banking77(tmp_path)
     dataset = load_dataset("banking77", data_dir=tmp_path)
@@ -241,7 +259,54 @@ def test_the_data_dir_comes_from_the_flag_then_the_environment(monkeypatch: pyte
     assert resolve_data_dir(Path("/flag")) == Path("/flag")
     assert resolve_data_dir(None) == Path("/from/env")
     monkeypatch.delenv("SLOTREAD_DATA")
-    assert resolve_data_dir(None) == Path("../shared/data")
+    assert resolve_data_dir(None) == PACKAGED_DATA_DIR
+
+
+#: The sizes each PROVENANCE.md gives (BoolQ's dev_rest: dev without dev_500).
+SHIPPED_SIZES = {
+    ("banking77", "test"): 3_080,
+    ("banking77", "train"): 10_003,
+    ("banking77", "subset154"): 154,
+    ("clinc150", "test"): 5_500,
+    ("clinc150", "val"): 3_100,
+    ("clinc150", "train"): 15_100,
+    ("clinc150", "test_2per_label"): 302,
+    ("sst5", "test"): 2_210,
+    ("sst5", "val"): 1_101,
+    ("sst5", "train"): 8_544,
+    ("boolq", "dev"): 3_270,
+    ("boolq", "dev_500"): 500,
+    ("boolq", "dev_rest"): 2_770,
+}
+
+
+def test_every_split_of_the_shipped_data_loads_whole_with_no_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLOTREAD_DATA", raising=False)
+    monkeypatch.chdir("/")  # nothing beside the working directory is read
+    assert {(name, split) for name, (_, splits) in BUILTIN.items() for split in splits} == set(SHIPPED_SIZES)
+    for (name, split), size in SHIPPED_SIZES.items():
+        dataset = load_dataset(name, split)
+        assert len(dataset.items) == size, (name, split)
+        assert len({item.id for item in dataset.items}) == size, (name, split)
+    assert class_counts(load_dataset("sst5")) == {"0": 279, "1": 633, "2": 389, "3": 510, "4": 399}
+    assert len(load_dataset("clinc150").task.classes) == 151
+    assert sum(item.gold == 0 for item in load_dataset("boolq", "dev_500").items) == 250  # 250 yes, 250 no
+
+
+def test_every_shipped_set_carries_its_provenance_and_licence() -> None:
+    for name in BUILTIN:
+        folder = PACKAGED_DATA_DIR / name
+        assert (folder / "PROVENANCE.md").is_file()
+        assert any(path.name.startswith("LICENSE") for path in folder.iterdir()), name
+
+
+def test_a_data_dir_may_hold_xz_compressed_files(tmp_path: Path) -> None:
+    folder = write_banking77(tmp_path)
+    plain = load_dataset("banking77", data_dir=tmp_path)
+    test = folder / "test.csv"
+    (folder / "test.csv.xz").write_bytes(lzma.compress(test.read_bytes()))
+    test.unlink()
+    assert load_dataset("banking77", data_dir=tmp_path) == plain
 
 
 def test_a_missing_data_dir_says_where_it_looked(tmp_path: Path) -> None:

@@ -86,6 +86,47 @@ def test_compare_refuses_runs_on_other_data(tmp_path: Path) -> None:
         compare(a, tmp_path / "nothing")
 
 
+def test_compare_pairs_a_run_on_a_file_with_a_run_on_a_subset_of_it(tmp_path: Path) -> None:
+    whole = Dataset(str(tmp_path / "data.jsonl"), None, TASK, DATASET.items)
+    part = Dataset(str(tmp_path / "part.jsonl"), None, TASK, DATASET.items[2:6])  # items keep their ids
+    a = hand_made_run(tmp_path / "a", "model-a", set(range(8)), whole)
+    comparison = compare(a, hand_made_run(tmp_path / "b", "model-b", set(), part))
+    assert (comparison.items, comparison.a_only, comparison.b_only) == (4, 4, 0)
+    other = Task("choice", {"type": "choice", "criteria": {"x": None, "y": None}}, ("X", "Y"))
+    elsewhere = Dataset(str(tmp_path / "other.jsonl"), None, other, DATASET.items)
+    with pytest.raises(EvalError, match="different classes"):
+        compare(a, hand_made_run(tmp_path / "c", "model-b", set(), elsewhere))
+    with pytest.raises(EvalError, match="different data"):  # a file beside a built-in set's split
+        compare(a, hand_made_run(tmp_path / "d", "model-b", set()))
+
+
+def test_a_readout_run_is_labelled_apart_from_plain_reads(tmp_path: Path) -> None:
+    plain = hand_made_run(tmp_path / "plain", "model-a", set())
+    readout = tmp_path / "readout"
+    run(
+        DATASET,
+        readout,
+        run_info(DATASET, "model-a", {"x_readout": True}),
+        lambda: lambda item: Prediction(np.array([0.5, 0.5])),
+        progress=False,
+    )
+    systems = [json.loads((out / "metrics.json").read_text())["system"] for out in (plain, readout)]
+    assert systems == ["model-a", "model-a readout"]
+    assert compare(plain, readout).system_b == "model-a readout"
+    assert "| model-a readout |" in format_table([json.loads((readout / "metrics.json").read_text())])
+
+
+def test_the_reliability_title_wraps_a_long_file_path(tmp_path: Path) -> None:
+    long_path = tmp_path / ("a-rather-long-folder-name-" * 3) / "customer-messages-labelled-by-hand.jsonl"
+    dataset = Dataset(str(long_path), None, TASK, DATASET.items)
+    out = hand_made_run(tmp_path / "run", "qwen2.5-coder-1.5b-instruct", set(range(5)), dataset)
+    from PIL import Image  # matplotlib's own dependency
+
+    pixels = np.asarray(Image.open(out / "reliability.png").convert("L"))
+    # the title's ink stays off the image's left and right edges: nothing is cut off
+    assert pixels[:60, :3].min() > 200 and pixels[:60, -3:].min() > 200
+
+
 def test_metrics_json_of_a_hand_made_run(tmp_path: Path) -> None:
     out = hand_made_run(tmp_path / "a", "model-a", set(range(8)))
     metrics = json.loads((out / "metrics.json").read_text())

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from slotread.errors import ModelLoadError
 from slotread.models.convert import MARKER
@@ -122,11 +123,26 @@ def test_a_local_gguf_is_converted_once_replacing_a_stale_conversion(
 
 
 @pytest.mark.slow
+def test_a_bfloat16_load_stores_bfloat16_weights_readable_by_all(smollm2: LoadedModel, cache_dir: Path) -> None:
+    loaded = load_model(SMOLLM2, cache_dir=cache_dir, dtype=torch.bfloat16)
+    directory = cache_dir / "models" / f"{SMOLLM2}-bfloat16"
+    with safe_open(directory / "model.safetensors", "pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"BF16"}  # noqa: SIM118
+    float32 = cache_dir / "models" / SMOLLM2 / "model.safetensors"
+    assert (directory / "model.safetensors").stat().st_size < 0.51 * float32.stat().st_size
+    assert {oct(path.stat().st_mode & 0o777) for path in directory.iterdir()} == {"0o644"}
+    # the float32 weights rounded to bfloat16, bit for bit, as loading the float32 copy in bfloat16 gave
+    for (name, ours), theirs in zip(loaded.model.named_parameters(), smollm2.model.parameters(), strict=True):
+        assert torch.equal(ours, theirs.to(torch.bfloat16)), name
+    assert {listing.name: listing.path for listing in list_models(cache_dir)}[SMOLLM2] == directory
+
+
+@pytest.mark.slow
 def test_list_models_shows_what_is_cached(smollm2: LoadedModel, cache_dir: Path, tmp_path: Path) -> None:
     listings = {listing.name: listing for listing in list_models(cache_dir)}
     assert list(listings) == list(REGISTRY)
     assert listings[SMOLLM2].cached
-    assert listings[SMOLLM2].path == cache_dir / "models" / SMOLLM2
+    assert listings[SMOLLM2].path in (cache_dir / "models" / SMOLLM2, cache_dir / "models" / f"{SMOLLM2}-bfloat16")
     assert not any(listing.cached for listing in list_models(tmp_path))
 
 

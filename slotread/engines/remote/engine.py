@@ -28,7 +28,7 @@ import httpx
 from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.remote.pool import ReplicaPool
 from slotread.engines.remote.wire import completion_bodies, slot_scores
-from slotread.errors import ModelLoadError, UpstreamError, WireError
+from slotread.errors import ModelLoadError, SlotreadError, UpstreamError, WireError
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,25 @@ def served_length(listing: Any, model: str) -> int:
             return length
     served = [repr(entry.get("id")) for entry in entries if isinstance(entry, dict)]
     raise ValueError(f"serves {', '.join(served) or 'no model'}, not {model!r}")
+
+
+def upstream_model(urls: Sequence[str], *, timeout_s: float) -> str:
+    """The model the first replica that answers ``GET /v1/models`` serves (a gateway given no model
+    serves that one); SlotreadError when none answers with exactly one model."""
+    problems = []
+    for url in urls:
+        try:
+            response = httpx.get(f"{url}/v1/models", timeout=timeout_s)
+            response.raise_for_status()
+            entries = response.json().get("data")
+            ids = [entry.get("id") for entry in entries if isinstance(entry, dict)]
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
+            problems.append(f"{url}: {exc or type(exc).__name__}")
+            continue
+        if len(ids) == 1 and isinstance(ids[0], str):
+            return ids[0]
+        problems.append(f"{url} lists {len(ids)} models")
+    raise SlotreadError(f"no upstream said which one model it serves ({'; '.join(problems)}); name it with --model")
 
 
 class RemoteEngine:
