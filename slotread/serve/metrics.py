@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slotread.engines.remote.pool import ReplicaStats
@@ -95,8 +96,17 @@ class _ReplicaCollector(Collector):
 
 
 def _route(scope: Scope) -> str:
-    """The path template of the route that answered (the router records it in the scope), or "unmatched"."""
-    return str(getattr(scope.get("route"), "path", "unmatched"))
+    """The path template of the route that answered, or "unmatched".
+
+    FastAPI records its own routes in the scope, but not Starlette's plain routes and mounts (``/openapi.json``,
+    the documentation assets), so those are looked up among the app's routes.
+    """
+    if "route" in scope:
+        return str(scope["route"].path)
+    for route in getattr(scope.get("app"), "routes", ()):
+        if route.matches(scope)[0] is Match.FULL:
+            return str(route.path)
+    return "unmatched"
 
 
 class MetricsMiddleware:

@@ -12,12 +12,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from slotread.api.responses import SystemOneResponse
 from slotread.api.systemone import SystemOneRequest
 from slotread.serve.deps import Authorized, JsonBody, ServiceDep
-from slotread.serve.openapi import json_body
+from slotread.serve.openapi import json_body, json_responses
 from slotread.serve.request_id import is_echoable
 
-BODY, SCHEMAS = json_body(SystemOneRequest, "SystemOne")
+BODY, BODY_SCHEMAS = json_body(SystemOneRequest, "SystemOne")
+RESPONSES, RESPONSE_SCHEMAS = json_responses(SystemOneResponse, "SystemOne")
+SCHEMAS = {**BODY_SCHEMAS, **RESPONSE_SCHEMAS}
 
 router = APIRouter(dependencies=[Authorized], tags=["decisions"])
 
@@ -28,7 +31,7 @@ def queue_priority(body: Any) -> int:
     return priority if type(priority) is int else 0
 
 
-@router.post("/v1/systemone", openapi_extra=BODY, summary="Answer bounded questions about a state")
+@router.post("/v1/systemone", openapi_extra={**BODY, **RESPONSES}, summary="Answer bounded questions about a state")
 async def systemone(request: Request, body: JsonBody, service: ServiceDep) -> JSONResponse:
     """Answer every question of a System One request."""
     if isinstance(body, dict) and is_echoable(body.get("request_id")):
