@@ -209,6 +209,8 @@ def test_models_health_readiness_docs_and_metrics(smollm2_server: Live) -> None:
     assert (
         'route="/v1/systemone"' in responses["/metrics"].text and "slotread_queue_depth" in responses["/metrics"].text
     )
+    # Starlette's plain routes (the document) are labelled by path too; only unknown paths are "unmatched".
+    assert 'route="/openapi.json"' in responses["/metrics"].text and 'route="/docs"' in responses["/metrics"].text
     for response in (missing, wrong_method):
         assert response.status_code in (404, 405)
         assert set(strict_json(response)["detail"]) == {"error_type", "message"}
