@@ -71,10 +71,15 @@ def _json(reference: dict[str, str]) -> dict[str, Any]:
     return {"application/json": {"schema": reference}}
 
 
-def json_body(model: type[BaseModel], namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``openapi_extra`` for a route whose JSON body is ``model``, and the component schemas it refers to."""
+def json_body(model: type[BaseModel], namespace: str, example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``openapi_extra`` for a route whose JSON body is ``model``, and the component schemas it refers to.
+
+    ``example`` is the body the documentation page offers to "Try it out" with: one generated from the schema
+    would be refused (``x_samples: 0``).
+    """
     reference, components = _schemas(model, namespace)
-    return {"requestBody": {"required": True, "content": _json(reference)}}, components
+    content = {"application/json": {"schema": reference, "example": example}}
+    return {"requestBody": {"required": True, "content": content}}, components
 
 
 def json_responses(model: type[BaseModel], namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -105,3 +105,14 @@ def test_a_server_still_loading_answers_503_with_retry_after(smollm2: LoadedMode
         loaded.set()
     assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
     check(response, ErrorBody)
+
+
+@pytest.mark.parametrize("path", list(ANSWERS))
+def test_the_documented_example_bodies_are_answered(smollm2_server: Live, path: str) -> None:
+    # The documentation page's "Try it out" sends these as they are.
+    document = httpx.get(smollm2_server.url + "/openapi.json").json()
+    example = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["example"]
+    with smollm2_server.client() as client:
+        response = client.post(path, json=example)
+    assert response.status_code == 200, response.text
+    check(response, ANSWERS[path])

@@ -10,7 +10,14 @@ from slotread.api.responses import DecisionsResponse
 from slotread.serve.deps import Authorized, JsonBody, ServiceDep
 from slotread.serve.openapi import json_body, json_responses
 
-BODY, BODY_SCHEMAS = json_body(decisions.DecisionsRequest, "Decisions")
+EXAMPLE = {
+    "input": "My card still hasn't arrived after two weeks. Send a new one!",
+    "questions": [
+        {"type": "predicate", "name": "urgent", "instructions": "The customer needs this solved within a few days."},
+        {"type": "choice", "name": "intent", "choices": [{"value": "card_arrival"}, {"value": "other"}]},
+    ],
+}
+BODY, BODY_SCHEMAS = json_body(decisions.DecisionsRequest, "Decisions", EXAMPLE)
 RESPONSES, RESPONSE_SCHEMAS = json_responses(DecisionsResponse, "Decisions")
 SCHEMAS = {**BODY_SCHEMAS, **RESPONSE_SCHEMAS}
 

@@ -18,7 +18,19 @@ from slotread.serve.deps import Authorized, JsonBody, ServiceDep
 from slotread.serve.openapi import json_body, json_responses
 from slotread.serve.request_id import is_echoable
 
-BODY, BODY_SCHEMAS = json_body(SystemOneRequest, "SystemOne")
+EXAMPLE = {
+    "state": "My card still hasn't arrived after two weeks. Send a new one!",
+    "questions": {
+        "urgent": {"type": "noul", "instructions": "Does the customer need this solved within a few days?"},
+        # no null description: FastAPI leaves null values out of the document, which would leave one option
+        "intent": {
+            "type": "choice",
+            "criteria": {"card_arrival": "a card they ordered has not arrived", "other": "anything else"},
+        },
+        "frustration": {"type": "score", "criteria": ["calm", "annoyed", "furious"]},
+    },
+}
+BODY, BODY_SCHEMAS = json_body(SystemOneRequest, "SystemOne", EXAMPLE)
 RESPONSES, RESPONSE_SCHEMAS = json_responses(SystemOneResponse, "SystemOne")
 SCHEMAS = {**BODY_SCHEMAS, **RESPONSE_SCHEMAS}
 
