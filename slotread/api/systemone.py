@@ -4,7 +4,8 @@
 ``InvalidRequest`` whose ``detail`` items have pydantic's ``loc``/``msg``/``type`` with ``loc``
 starting at ``"body"``, as FastAPI reports them. ``to_response`` turns a ``DecisionResult`` into the
 response body. Extensions beyond Jev are ``x_``-prefixed; vLLM's ``instructions`` and ``joint``
-request fields are accepted with their meaning.
+request fields are accepted with their meaning. Unknown top-level fields are ignored, as the contract
+says; an unknown field inside a question is refused (``QUESTION_FIELDS``).
 """
 
 from __future__ import annotations

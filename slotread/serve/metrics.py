@@ -95,16 +95,18 @@ class _ReplicaCollector(Collector):
         yield from (up, outstanding, sent)
 
 
-def _route(scope: Scope) -> str:
+def _route(scope: Scope, root_path: str) -> str:
     """The path template of the route that answered, or "unmatched".
 
     FastAPI records its own routes in the scope, but not Starlette's plain routes and mounts (``/openapi.json``,
-    the documentation assets), so those are looked up among the app's routes.
+    the documentation assets), so those are looked up among the app's routes, under the ``root_path`` the
+    request came with (a mount moves the scope's own to its prefix).
     """
     if "route" in scope:
         return str(scope["route"].path)
+    arrived = {**scope, "root_path": root_path}
     for route in getattr(scope.get("app"), "routes", ()):
-        if route.matches(scope)[0] is Match.FULL:
+        if route.matches(arrived)[0] is Match.FULL:
             return str(route.path)
     return "unmatched"
 
@@ -121,6 +123,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        root_path = scope.get("root_path", "")
         status = 500  # what the client sees if the app raises before answering
 
         async def send_status(message: Message) -> None:
@@ -132,6 +135,6 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = _route(scope)
+            route = _route(scope, root_path)
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)
