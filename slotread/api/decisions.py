@@ -32,8 +32,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from slotread.api.systemone import ReadOptions
+from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import choice_confidence
-from slotread.errors import InvalidRequest
+from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS
 
 
@@ -127,14 +128,38 @@ class DecisionsRequest(_Wire, ReadOptions):
         return questions
 
 
+#: The fields of a question, a choice and a level besides ``x_``-prefixed ones; ``parse_request`` refuses others.
+QUESTION_FIELDS = frozenset({"type", "name", "instructions", "choices", "levels"})
+CHOICE_FIELDS = frozenset({"value", "description"})
+LEVEL_FIELDS = frozenset({"label", "description"})
+
+
+def _unknown_question_fields(body: Any) -> list[ErrorDetail]:
+    questions = body.get("questions") if isinstance(body, dict) else None
+    problems = []
+    for index, question in enumerate(questions if isinstance(questions, list) else []):
+        loc: list[str | int] = ["body", "questions", index]
+        problems += unknown_fields(question, QUESTION_FIELDS, loc)
+        for field, known in (("choices", CHOICE_FIELDS), ("levels", LEVEL_FIELDS)):
+            items = question.get(field) if isinstance(question, dict) else None
+            for position, item in enumerate(items if isinstance(items, list) else []):
+                problems += unknown_fields(item, known, [*loc, field, position])
+    return problems
+
+
 def parse_request(body: Any) -> DecisionsRequest:
-    """Check a request body's shape; raises InvalidRequest listing every problem, located under ``body``."""
+    """Check a request body's shape and its questions' field names; raises InvalidRequest listing every
+    problem, located under ``body``."""
+    problems = _unknown_question_fields(body)
     try:
-        return DecisionsRequest.model_validate(body)
+        request = DecisionsRequest.model_validate(body)
     except ValidationError as exc:
-        raise InvalidRequest(
-            [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False)]
-        ) from None
+        problems += [
+            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False)
+        ]
+    if problems:
+        raise InvalidRequest(problems)
+    return request
 
 
 def _state(request: DecisionsRequest) -> str:

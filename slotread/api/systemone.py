@@ -4,7 +4,8 @@
 ``InvalidRequest`` whose ``detail`` items have pydantic's ``loc``/``msg``/``type`` with ``loc``
 starting at ``"body"``, as FastAPI reports them. ``to_response`` turns a ``DecisionResult`` into the
 response body. Extensions beyond Jev are ``x_``-prefixed; vLLM's ``instructions`` and ``joint``
-request fields are accepted with their meaning.
+request fields are accepted with their meaning. Unknown top-level fields are ignored, as the contract
+says; an unknown field inside a question is refused (``QUESTION_FIELDS``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
+from slotread.api.responses import Level
+from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
 from slotread.core.decide import DecisionResult
 from slotread.core.questions import CalibrationMethod, Condition, Decision, Option, Question
@@ -29,6 +32,11 @@ DEFAULT_MAX_SAMPLES = 32
 DEFAULT_MAX_PERMUTATIONS = 16
 #: Largest x_examples (solved examples shown per question).
 MAX_EXAMPLES = 64
+
+
+#: Every field a question object may have besides ``x_``-prefixed ones; ``parse_request`` refuses others.
+#: The official client sends ``type``, ``instructions`` and ``criteria``; vLLM's extensions add the rest.
+QUESTION_FIELDS = frozenset({"type", "instructions", "criteria", "depends_on", "ask_if"})
 
 
 class _WireQuestion(BaseModel):
@@ -69,11 +77,20 @@ class ChoiceQuestion(_WireQuestion):
 
 class ScoreQuestion(_WireQuestion):
     type: Literal["score"]
-    criteria: list[Description]
+    criteria: list[Level]
+
+    @field_validator("criteria", mode="before")
+    @classmethod
+    def _no_null_level(cls, criteria: Any) -> Any:
+        # The legend echoes each level, and System One's schema (and its client) takes no null legend value.
+        nulls = [i for i, level in enumerate(criteria) if level is None] if isinstance(criteria, list) else []
+        if nulls:
+            raise ValueError(f"score levels are text, objects or arrays; level {nulls[0]} is null")
+        return criteria
 
     @field_validator("criteria")
     @classmethod
-    def _level_count(cls, criteria: list[Description]) -> list[Description]:
+    def _level_count(cls, criteria: list[Level]) -> list[Level]:
         if not 2 <= len(criteria) <= MAX_SCORE_LEVELS:
             raise ValueError(f"a score needs 2 to {MAX_SCORE_LEVELS} levels, got {len(criteria)}")
         return criteria
@@ -197,13 +214,20 @@ def _question(
 
 
 def parse_request(body: Any) -> SystemOneRequest:
-    """Check a request body's shape; raises InvalidRequest listing every problem."""
+    """Check a request body's shape and its questions' field names; raises InvalidRequest listing every problem."""
+    questions = body.get("questions") if isinstance(body, dict) else None
+    problems = [
+        problem
+        for qid, question in (questions.items() if isinstance(questions, dict) else ())
+        for problem in unknown_fields(question, QUESTION_FIELDS, ["body", "questions", qid])
+    ]
     try:
-        return SystemOneRequest.model_validate(body)
+        request = SystemOneRequest.model_validate(body)
     except ValidationError as exc:
-        raise InvalidRequest(
-            [_problem(list(e["loc"]), e["msg"], e["type"]) for e in exc.errors(include_url=False)]
-        ) from None
+        problems += [_problem(list(e["loc"]), e["msg"], e["type"]) for e in exc.errors(include_url=False)]
+    if problems:
+        raise InvalidRequest(problems)
+    return request
 
 
 def to_decision(
@@ -348,13 +372,13 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
 
 
 def to_response(result: DecisionResult, request: SystemOneRequest, model: str) -> dict[str, Any]:
-    """The System One response body: answers keyed by id (null when not asked) and integer usage.
+    """The System One response body: answers keyed by id and integer usage.
 
-    Score legends echo the levels exactly as the request gave them.
+    A question ``ask_if`` skipped has no answer: System One answers are never null, and its client refuses
+    one. Score legends echo the levels exactly as the request gave them.
     """
     answers = {
-        qid: None if answer is None else _answer(answer, request.questions[qid])
-        for qid, answer in result.answers.items()
+        qid: _answer(answer, request.questions[qid]) for qid, answer in result.answers.items() if answer is not None
     }
     return {
         "model": model,

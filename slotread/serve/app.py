@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
 from slotread.decider import Decider
@@ -162,7 +163,8 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
                 loading.cancel()
             await asyncio.to_thread(service.stop)
 
-    app = FastAPI(
+    # The documentation pages load swagger-ui and redoc from the server itself, not a CDN: they work offline.
+    app = FastAPIOffline(
         title="slotread",
         summary="Typed answers with probabilities, read from a language model's answer slots in one pass.",
         version="0.1.0",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slotread.engines.base import Counted
@@ -113,9 +114,20 @@ class _EngineCollector(Collector):
             yield CounterMetricFamily(f"slotread_engine_{name}", f"engine: {name.replace('_', ' ')}", value=value)
 
 
-def _route(scope: Scope) -> str:
-    """The path template of the route that answered (the router records it in the scope), or "unmatched"."""
-    return str(getattr(scope.get("route"), "path", "unmatched"))
+def _route(scope: Scope, root_path: str) -> str:
+    """The path template of the route that answered, or "unmatched".
+
+    FastAPI records its own routes in the scope, but not Starlette's plain routes and mounts (``/openapi.json``,
+    the documentation assets), so those are looked up among the app's routes, under the ``root_path`` the
+    request came with (a mount moves the scope's own to its prefix).
+    """
+    if "route" in scope:
+        return str(scope["route"].path)
+    arrived = {**scope, "root_path": root_path}
+    for route in getattr(scope.get("app"), "routes", ()):
+        if route.matches(arrived)[0] is Match.FULL:
+            return str(route.path)
+    return "unmatched"
 
 
 class MetricsMiddleware:
@@ -130,6 +142,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        root_path = scope.get("root_path", "")
         status = 500  # what the client sees if the app raises before answering
 
         async def send_status(message: Message) -> None:
@@ -141,6 +154,6 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = _route(scope)
+            route = _route(scope, root_path)
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)

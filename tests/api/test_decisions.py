@@ -126,3 +126,47 @@ def test_example_options_pass_through_to_system_one() -> None:
     body = to_systemone(parse_request({**REQUEST, "x_examples": 8, "x_shortlist": 5}))
     assert (body["x_examples"], body["x_shortlist"]) == (8, 5)
     assert "x_examples" not in to_systemone(parse_request(REQUEST))
+
+
+@pytest.mark.parametrize(
+    ("question", "loc", "msg"),
+    [
+        (
+            {"type": "predicate", "id": "billing", "instructions": "About billing?"},
+            ["body", "questions", 0, "id"],
+            "unknown field 'id'; known fields: choices, instructions, levels, name, type",
+        ),
+        (
+            {"type": "predicate", "name": "b", "instruction": "About billing?"},
+            ["body", "questions", 0, "instruction"],
+            "unknown field 'instruction'; did you mean 'instructions'?",
+        ),
+        (
+            {"type": "choice", "choices": [{"value": "a"}, {"value": "b", "descripton": "bee"}]},
+            ["body", "questions", 0, "choices", 1, "descripton"],
+            "unknown field 'descripton'; did you mean 'description'?",
+        ),
+        (
+            {"type": "score", "levels": [{"lable": "low"}, {"label": "high"}]},
+            ["body", "questions", 0, "levels", 0, "lable"],
+            "unknown field 'lable'; did you mean 'label'?",
+        ),
+    ],
+)
+def test_an_unknown_field_in_a_question_is_refused_with_the_closest_known_one(
+    question: dict[str, Any], loc: list[Any], msg: str
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request({**REQUEST, "questions": [question]})
+    assert {"loc": loc, "msg": msg, "type": "extra_forbidden"} in caught.value.detail
+
+
+def test_x_fields_in_questions_and_unknown_top_level_fields_pass() -> None:
+    # vLLM's Decisions request carries safety_identifier at the top level; input messages may carry a type.
+    body = {
+        **REQUEST,
+        "safety_identifier": "user-7",
+        "input": [{"role": "user", "type": "message", "content": "I was charged twice."}],
+        "questions": [{**REQUEST["questions"][1], "x_note": "mine"}],
+    }
+    assert to_systemone(parse_request(body))["questions"]["0"]["type"] == "choice"

@@ -4,7 +4,16 @@ from typing import Any
 
 import pytest
 
-from slotread.api.systemone import parse_request, render_state, render_text, to_decision
+from slotread.api.systemone import (
+    QUESTION_FIELDS,
+    ChoiceQuestion,
+    NoulQuestion,
+    ScoreQuestion,
+    parse_request,
+    render_state,
+    render_text,
+    to_decision,
+)
 from slotread.errors import InvalidRequest
 
 
@@ -336,3 +345,54 @@ def test_examples_refuse_read_options_fitted_without_them(extra: dict[str, Any],
     # joint false with examples is fine, as are these options without examples
     assert decision({"state": "s", "questions": {"q": CHOICE}, "x_examples": 2, "x_joint": False}).examples == 2
     decision({"state": "s", "questions": {"q": CHOICE}, **extra})
+
+
+def test_a_null_score_level_is_refused_naming_the_level() -> None:
+    # System One's legend echoes each level and its schema takes no null legend value.
+    found = problems({"state": "s", "questions": {"q": {"type": "score", "criteria": ["low", None, "high"]}}})
+    assert [(d["loc"], d["msg"]) for d in found] == [
+        (
+            ["body", "questions", "q", "score", "criteria"],
+            "Value error, score levels are text, objects or arrays; level 1 is null",
+        )
+    ]
+    levels = ["low", {"text": "mid", "note": None}, ["high", None]]
+    d = decision({"state": "s", "questions": {"q": {"type": "score", "criteria": levels}}})
+    assert [o.description for o in d.questions[0].options] == ["low", '{"text": "mid", "note": null}', '["high", null]']
+
+
+@pytest.mark.parametrize(
+    ("question", "field", "hint"),
+    [
+        ({**CHOICE, "instruction": "Which colour?"}, "instruction", "did you mean 'instructions'?"),
+        ({"type": "noul", "critera": {"true": "yes"}}, "critera", "did you mean 'criteria'?"),
+        ({"type": "noul", "dependson": []}, "dependson", "did you mean 'depends_on'?"),
+        ({"type": "noul", "weight": 2}, "weight", "known fields: ask_if, criteria, depends_on, instructions, type"),
+    ],
+)
+def test_an_unknown_field_in_a_question_is_refused_with_the_closest_known_one(
+    question: dict[str, Any], field: str, hint: str
+) -> None:
+    found = problems({"state": "s", "questions": {"q": question}})
+    assert {
+        "loc": ["body", "questions", "q", field],
+        "msg": f"unknown field {field!r}; {hint}",
+        "type": "extra_forbidden",
+    } in found
+
+
+def test_known_question_fields_x_fields_and_unknown_top_level_fields_pass() -> None:
+    questions = {
+        # what the official client sends: type, instructions, criteria (null descriptions included)
+        "a": {"type": "choice", "instructions": None, "criteria": {"red": None, "green": {"hue": 120}}},
+        # vLLM's per-question extensions, and an x_ extension
+        "b": {"type": "noul", "criteria": None, "depends_on": ["a"], "ask_if": {"a": ["red"]}, "x_note": "mine"},
+    }
+    d = decision({"state": "s", "questions": questions, "unknown_top_level": [1], "samples": 1})
+    assert [q.id for q in d.questions] == ["a", "b"]
+
+
+def test_question_fields_are_exactly_the_wire_questions_fields() -> None:
+    # One list: a field added to the wire questions must be added to QUESTION_FIELDS, or it would be refused.
+    fields = set().union(*(model.model_fields for model in (NoulQuestion, ChoiceQuestion, ScoreQuestion)))
+    assert fields == QUESTION_FIELDS

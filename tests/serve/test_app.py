@@ -194,7 +194,8 @@ def test_models_health_readiness_docs_and_metrics(smollm2_server: Live) -> None:
     with smollm2_server.client() as client:
         assert client.post("/v1/systemone", json=REQUEST).status_code == 200
         models = client.get("/v1/models")
-        responses = {path: client.get(path) for path in ("/healthz", "/readyz", "/openapi.json", "/docs", "/metrics")}
+        paths = ("/healthz", "/readyz", "/openapi.json", "/docs", "/static-offline-docs/swagger-ui.css", "/metrics")
+        responses = {path: client.get(path) for path in paths}
         missing, wrong_method = client.get("/v1/nothing"), client.get("/v1/systemone")
     assert models.status_code == 200
     listed = strict_json(models)["models"]
@@ -209,6 +210,10 @@ def test_models_health_readiness_docs_and_metrics(smollm2_server: Live) -> None:
     assert (
         'route="/v1/systemone"' in responses["/metrics"].text and "slotread_queue_depth" in responses["/metrics"].text
     )
+    # Starlette's plain routes and mounts (the document, the pages' assets) are labelled by path too; only
+    # unknown paths are "unmatched".
+    for route in ("/openapi.json", "/docs", "/static-offline-docs"):
+        assert f'route="{route}",status="200"' in responses["/metrics"].text
     for response in (missing, wrong_method):
         assert response.status_code in (404, 405)
         assert set(strict_json(response)["detail"]) == {"error_type", "message"}

@@ -76,3 +76,46 @@ def test_the_sdk_raises_its_typed_errors(client: TypeSafeClient) -> None:
     assert "criteria" in str(invalid.value) and invalid.value.request_id
     with pytest.raises(TypeSafeNotFoundError):
         client.system_one(state="s", questions={"q": Noul(instructions="?")}, model="not-served")
+
+
+def test_the_sdk_parses_answers_to_null_descriptions_and_instructions_and_json_levels(client: TypeSafeClient) -> None:
+    result = client.system_one(
+        state={"message": "Where is my card?", "tags": None},
+        questions={
+            "bare": {"type": "noul", "instructions": "Is this about a card?", "criteria": None},
+            "half": {"type": "noul", "instructions": None, "criteria": {"true": "about a card", "false": None}},
+            "topic": {"type": "choice", "instructions": None, "criteria": {"card": None, "loan": {"kind": ["credit"]}}},
+            "level": {"type": "score", "criteria": ["low", {"text": "mid", "note": None}, ["high", None]]},
+        },
+    )
+    assert set(result.nouls) == {"bare", "half"} and set(result.choices["topic"].probabilities) == {"card", "loan"}
+    assert result.scores["level"].legend == {0: "low", 1: {"text": "mid", "note": None}, 2: ["high", None]}
+
+
+def test_the_sdk_gets_a_typed_422_for_a_null_level_or_an_unknown_question_field(client: TypeSafeClient) -> None:
+    # System One's legend values are never null, so a null level is refused rather than echoed.
+    with pytest.raises(TypeSafeUnprocessableEntityError) as null_level:
+        client.system_one(state="s", questions={"q": {"type": "score", "criteria": ["low", None]}})
+    assert "level 1 is null" in str(null_level.value)
+    with pytest.raises(TypeSafeUnprocessableEntityError) as typo:
+        client.system_one(
+            state="s", questions={"q": {"type": "choice", "instruction": "Tone?", "criteria": {"a": None, "b": None}}}
+        )
+    assert "did you mean 'instructions'?" in str(typo.value)
+
+
+def test_the_sdk_parses_skipped_questions_and_the_x_diagnostics(client: TypeSafeClient) -> None:
+    # "card" is answered yes or no, so exactly one of "if_yes" and "if_no" is skipped: it has no answer.
+    result = client.system_one(
+        state="My card has not arrived.",
+        questions={
+            "card": Noul(instructions="Is this about a card?"),
+            "if_yes": {"type": "noul", "instructions": "Is it late?", "ask_if": {"card": [True]}},
+            "if_no": {"type": "noul", "instructions": "Is it late?", "ask_if": {"card": [False]}},
+            "tone": Choice(criteria={"calm": None, "angry": None}),
+        },
+        extra_body={"x_permutations": 2, "unknown_top_level": True},
+    )
+    assert len(set(result.nouls) & {"if_yes", "if_no"}) == 1 and "card" in result.nouls
+    raw = result.raw_http_response.json()["answers"]
+    assert raw["tone"]["x_reads"] == 2 and set(raw["tone"]["x_stderr"]) == {"calm", "angry"}

@@ -12,12 +12,27 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from slotread.api.responses import SystemOneResponse
 from slotread.api.systemone import SystemOneRequest
 from slotread.serve.deps import Authorized, JsonBody, ServiceDep
-from slotread.serve.openapi import json_body
+from slotread.serve.openapi import json_body, json_responses
 from slotread.serve.request_id import is_echoable
 
-BODY, SCHEMAS = json_body(SystemOneRequest, "SystemOne")
+EXAMPLE = {
+    "state": "My card still hasn't arrived after two weeks. Send a new one!",
+    "questions": {
+        "urgent": {"type": "noul", "instructions": "Does the customer need this solved within a few days?"},
+        # no null description: FastAPI leaves null values out of the document, which would leave one option
+        "intent": {
+            "type": "choice",
+            "criteria": {"card_arrival": "a card they ordered has not arrived", "other": "anything else"},
+        },
+        "frustration": {"type": "score", "criteria": ["calm", "annoyed", "furious"]},
+    },
+}
+BODY, BODY_SCHEMAS = json_body(SystemOneRequest, "SystemOne", EXAMPLE)
+RESPONSES, RESPONSE_SCHEMAS = json_responses(SystemOneResponse, "SystemOne")
+SCHEMAS = {**BODY_SCHEMAS, **RESPONSE_SCHEMAS}
 
 router = APIRouter(dependencies=[Authorized], tags=["decisions"])
 
@@ -28,7 +43,7 @@ def queue_priority(body: Any) -> int:
     return priority if type(priority) is int else 0
 
 
-@router.post("/v1/systemone", openapi_extra=BODY, summary="Answer bounded questions about a state")
+@router.post("/v1/systemone", openapi_extra={**BODY, **RESPONSES}, summary="Answer bounded questions about a state")
 async def systemone(request: Request, body: JsonBody, service: ServiceDep) -> JSONResponse:
     """Answer every question of a System One request."""
     if isinstance(body, dict) and is_echoable(body.get("request_id")):
