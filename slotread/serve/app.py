@@ -43,7 +43,7 @@ from slotread.serve.auth import ApiKeys
 from slotread.serve.metrics import Metrics, MetricsMiddleware
 from slotread.serve.openapi import add_schemas
 from slotread.serve.request_id import HEADER, RequestIdMiddleware, request_id_of
-from slotread.serve.routes import chat, decisions, models, operations, systemone
+from slotread.serve.routes import chat, decisions, models, operations, playground, systemone
 from slotread.serve.service import DecisionService
 from slotread.settings import Settings
 
@@ -174,6 +174,8 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(operations.router)
+    if settings.playground:
+        app.include_router(playground.router)
 
     handlers: dict[type[Exception], Callable[[Request, Exception], Any]] = {
         InvalidRequest: _invalid_request,
