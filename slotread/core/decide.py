@@ -3,7 +3,9 @@
 Isolated reads (the default) give each question its own prompt and canvas, so adding, removing,
 renaming or reordering other questions cannot move its answer: its noise seeds come from the request
 seed and its own token ids, never from its id or position. ``joint`` packs the questions of a stage
-into one canvas instead, on models that read every slot of a canvas at once (diffusion and masked).
+into one canvas instead, on models that read every slot of a canvas at once (diffusion and masked):
+a question marked ``alone`` keeps a canvas of its own, and ``chunk_rows`` splits the others into
+canvases of bounded width (``_groups``).
 
 With ``permutations = k`` a question is read under up to k option→label assignments (cyclic shifts,
 ``core.assignments``), each its own read; every read's label logits are put back in option order and
