@@ -47,11 +47,15 @@ class _Wire(BaseModel):
 
 
 class TextPart(_Wire):
+    """A part of a message's content; only text parts are read."""
+
     type: str
     text: str | None = None
 
 
 class ChatMessage(_Wire):
+    """A message: the schema (system or developer) or the state (user)."""
+
     role: str
     content: str | list[TextPart]
 
@@ -64,6 +68,8 @@ class ChatMessage(_Wire):
 
 
 class ChatRequest(_Wire):
+    """A schema-mode chat completion request; other chat fields (temperature, max_tokens, ...) are ignored."""
+
     model: str | None = None
     messages: list[ChatMessage]
     seed: StrictInt | None = None

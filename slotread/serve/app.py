@@ -199,7 +199,7 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
-    schemas = {**systemone.SCHEMAS, **decisions.SCHEMAS}
+    schemas = {**systemone.SCHEMAS, **decisions.SCHEMAS, **chat.SCHEMAS}
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

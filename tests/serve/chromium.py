@@ -1,4 +1,5 @@
-"""Headless Chromium for page tests: start it, open a URL, wait for a selector, click, fill, read, screenshot.
+"""Headless Chromium for page tests: start it, open a URL, wait for a selector, click, fill, select, read,
+screenshot.
 
 Drives Debian's ``chromium`` through its ``chromium-driver`` with Selenium, never a downloaded browser
 or driver (the machines are offline). ``available()`` says whether both are installed, so page tests
@@ -17,7 +18,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 BROWSER = "chromium"
 DRIVER = "chromedriver"
@@ -56,6 +57,10 @@ class Browser:
         element = self.wait_for(selector)
         element.clear()
         element.send_keys(text)
+
+    def select(self, selector: str, value: str) -> None:
+        """Choose the option of a <select> whose value is ``value``, as a person would."""
+        Select(self.wait_for(selector)).select_by_value(value)
 
     def text(self, selector: str) -> str:
         """The visible text of the first visible match."""

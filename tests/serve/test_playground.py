@@ -50,11 +50,7 @@ def test_the_playground_setting_turns_it_off() -> None:
 def _fill_question(page: chromium.Browser, card: int, qid: str, kind: str, criteria: str, instructions: str) -> None:
     prefix = f"#questions-form .question:nth-of-type({card})"
     page.fill(f"{prefix} .q-id", qid)
-    page.driver.execute_script(
-        "const s = document.querySelector(arguments[0]); s.value = arguments[1]; s.dispatchEvent(new Event('change'));",
-        f"{prefix} .q-type",
-        kind,
-    )
+    page.select(f"{prefix} .q-type", kind)
     page.fill(f"{prefix} .q-instructions", instructions)
     page.fill(f"{prefix} .q-criteria", criteria)
 
@@ -127,12 +123,25 @@ def test_a_person_decides_in_the_page_with_auth_on(smollm2: LoadedModel, tmp_pat
             assert json.loads(body) == sent and KEY not in curl and "$SLOTREAD_API_KEY" in curl
             python = page.attribute("#python", "textContent")
             assert "httpx.post(" in python and KEY not in python
-            # nothing refused by the page's content security policy, no script error; the 401s before the key
-            # was typed are the only failed loads
-            assert [e for e in page.console_errors() if "status of 401" not in e] == []
             if "SLOTREAD_SCREENSHOTS" in os.environ:
                 page.driver.execute_script("window.scrollTo(0, 0)")
                 page.screenshot(shots / "playground.png")
+            # the same questions as JSON; a field the form cannot show keeps the page on the JSON tab
+            page.click("#tab-json")
+            assert json.loads(page.attribute("#questions-json", "value")) == sent["questions"]
+            asked_if = {**sent["questions"], "tone": {**sent["questions"]["tone"], "ask_if": {"billing": [True]}}}
+            page.fill("#questions-json", json.dumps(asked_if))
+            page.click("#tab-form")
+            assert "ask_if" in page.text("#error") and page.wait_for("#questions-json").is_displayed()
+            assert (
+                json.loads(page.attribute("#curl", "textContent").split("<<'JSON'\n", 1)[1].rsplit("\nJSON", 1)[0])[
+                    "questions"
+                ]
+                == asked_if
+            )
+            # nothing refused by the page's content security policy, no script error; the 401s before the key
+            # was typed are the only failed loads
+            assert [e for e in page.console_errors() if "status of 401" not in e] == []
         except Exception:
             print(f"screenshot: {page.screenshot(shots / 'playground-failure.png')}")
             raise

@@ -9,11 +9,18 @@ from fastapi.responses import JSONResponse
 from slotread.api import chat
 from slotread.errors import InvalidRequest
 from slotread.serve.deps import Authorized, JsonBody, ServiceDep
+from slotread.serve.openapi import json_body
+
+BODY, SCHEMAS = json_body(chat.ChatRequest, "Chat")
 
 router = APIRouter(dependencies=[Authorized], tags=["decisions"])
 
 
-@router.post("/v1/chat/completions", summary="Answer a question schema (system message) about a state (user message)")
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=BODY,
+    summary="Answer a question schema (system message) about a state (user message)",
+)
 async def chat_completions(request: Request, body: JsonBody, service: ServiceDep) -> JSONResponse:
     """Schema mode only: exactly two messages, the schema JSON then the state."""
     schema = chat.to_systemone(body)
