@@ -197,8 +197,8 @@ def _units(
                     texts[0], decision.state, decision.instructions, earlier, listed[0].examples
                 )
             else:
-                slots = read if len(read) < len(listed) else None
-                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier, slots)
+                subset = read if len(read) < len(listed) else None
+                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier, subset)
             if rendered.tokens > limit:
                 raise PromptTooLong(rendered.tokens, limit)
             units.append(_Unit(rendered, group, tuple(shifted[i] for i in read), []))
