@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ def _fill_question(page: chromium.Browser, card: int, qid: str, kind: str, crite
 
 
 @pytest.mark.skipif(chromium.available() is not None, reason=str(chromium.available()))
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed (the page's curl snippet is run)")
 def test_a_person_decides_in_the_page_with_auth_on(
     smollm2: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
