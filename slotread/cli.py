@@ -228,6 +228,7 @@ def _serve(args: argparse.Namespace) -> int:
         "upstreams": args.upstream,
         "upstream_timeout_s": args.upstream_timeout,
         "health_interval_s": args.health_interval,
+        "playground": False if args.no_playground else None,
     }
     try:
         settings = Settings(**{name: value for name, value in flags.items() if value is not None})
@@ -773,6 +774,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="seconds within which a decision should be answered, else 529 (default 8)",
+    )
+    serve.add_argument(
+        "--no-playground", action="store_true", help="do not serve the browser playground at /playground"
     )
     serve.add_argument("--max-body-bytes", type=int, default=None, help="request body limit, decompressed (1 MiB)")
     serve.add_argument("--max-questions", type=int, default=None, help="questions per request (default 64)")

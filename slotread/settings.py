@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     calibration_dir: Path | None = None
     #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with
     readout_dir: Path | None = None
+    #: serve the browser playground at ``/playground`` (and redirect ``/`` to it); it only calls the
+    #: public routes, with the key the person types in the page
+    playground: bool = True
     #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
     #: x_shortlist and readouts fitted with a vote or a lexical partner
     example_banks: list[Path] = Field(default_factory=list)

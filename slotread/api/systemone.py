@@ -4,8 +4,11 @@
 ``InvalidRequest`` whose ``detail`` items have pydantic's ``loc``/``msg``/``type`` with ``loc``
 starting at ``"body"``, as FastAPI reports them. ``to_response`` turns a ``DecisionResult`` into the
 response body. Extensions beyond Jev are ``x_``-prefixed; vLLM's ``instructions`` and ``joint``
-request fields are accepted with their meaning. Unknown top-level fields are ignored, as the contract
-says; an unknown field inside a question is refused (``QUESTION_FIELDS``).
+request fields are accepted with their meaning, and so are the request options of vLLM's
+structured-decision example server (``samples``, ``seed``, ``ask``, ``auto_threshold``, ``auto_max``,
+``chunk_rows``, ``chunk_prompt``, ``think`` and a question's ``alone``), under its names. Unknown
+top-level fields are ignored, as the contract says; an unknown field inside a question is refused
+(``QUESTION_FIELDS``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ from slotread.api.responses import Level
 from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
 from slotread.core.decide import DecisionResult
-from slotread.core.questions import CalibrationMethod, Condition, Decision, Option, Question
+from slotread.core.questions import (
+    AUTO_MAX,
+    AUTO_THRESHOLD,
+    CalibrationMethod,
+    ChunkPrompt,
+    Condition,
+    Decision,
+    Option,
+    Question,
+)
 from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS
 
@@ -32,11 +44,15 @@ DEFAULT_MAX_SAMPLES = 32
 DEFAULT_MAX_PERMUTATIONS = 16
 #: Largest x_examples (solved examples shown per question).
 MAX_EXAMPLES = 64
+#: Narrowest chunk_rows: a joint canvas line is a few tokens (the example server's minimum too).
+MIN_CHUNK_ROWS = 8
+#: A float field that takes JSON numbers, not strings or booleans.
+Number = Annotated[float, Field(strict=True)]
 
 
 #: Every field a question object may have besides ``x_``-prefixed ones; ``parse_request`` refuses others.
 #: The official client sends ``type``, ``instructions`` and ``criteria``; vLLM's extensions add the rest.
-QUESTION_FIELDS = frozenset({"type", "instructions", "criteria", "depends_on", "ask_if"})
+QUESTION_FIELDS = frozenset({"type", "instructions", "criteria", "depends_on", "ask_if", "alone"})
 
 
 class _WireQuestion(BaseModel):
@@ -45,6 +61,8 @@ class _WireQuestion(BaseModel):
     instructions: Description = None
     depends_on: str | list[str] | None = None
     ask_if: dict[str, list[AnswerValue]] | None = None
+    #: read in a canvas of its own even when the request reads jointly
+    alone: StrictBool = False
 
 
 class NoulCriteria(BaseModel):
@@ -129,6 +147,16 @@ class SystemOneRequest(ReadOptions):
     cache_salt: str | None = None
     priority: StrictInt = 0
     x_joint: StrictBool | None = None
+    # the example server's request options, under its names
+    seed: StrictInt | None = None
+    samples: StrictInt | Literal["auto"] | None = None
+    ask: list[str] | None = None
+    auto_threshold: Number | None = None
+    auto_max: StrictInt | None = None
+    chunk_rows: StrictInt | None = None
+    chunk_prompt: ChunkPrompt | None = None
+    #: accepted off (false or 0): slotread reads without a thought
+    think: StrictBool | StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -209,6 +237,7 @@ def _question(
         options=_options(wire),
         depends_on=tuple(dict.fromkeys(depends)),
         ask_if=tuple(conditions),
+        alone=wire.alone,
     )
     return question, problems
 
@@ -246,9 +275,13 @@ def to_decision(
     if len(request.questions) > max_questions:
         msg = f"at most {max_questions} questions per request, got {len(request.questions)}"
         problems.append(_problem(["questions"], msg))
-    samples = 1 if request.x_samples is None else request.x_samples
+    seed, samples_given = _plain_or_x(request, "seed", problems), _plain_or_x(request, "samples", problems)
+    samples = 1 if samples_given is None else samples_given
+    field = "samples" if request.samples is not None else "x_samples"
     if samples != "auto" and not 1 <= int(samples) <= max_samples:
-        problems.append(_problem(["x_samples"], f"x_samples must be 1..{max_samples} or 'auto', got {samples}"))
+        problems.append(_problem([field], f"{field} must be 1..{max_samples} or 'auto', got {samples}"))
+    problems += _auto_problems(request, samples, max_samples)
+    problems += _server_option_problems(request)
     permutations = 1 if request.x_permutations is None else request.x_permutations
     if not 1 <= permutations <= max_permutations:
         msg = f"x_permutations must be 1..{max_permutations}, got {permutations}"
@@ -272,14 +305,15 @@ def to_decision(
         if isinstance(wire, ChoiceQuestion) and len(wire.criteria) > max_options:
             msg = f"at most {max_options} options per choice here, got {len(wire.criteria)}"
             problems.append(_problem(["questions", qid, "choice", "criteria"], msg))
+    asked = _asked(request.ask, questions, problems)
     if problems:
         raise InvalidRequest(problems)
     joint = bool(request.x_joint if request.x_joint is not None else request.joint)
     return Decision(
         state=render_state(request.state),
-        questions=tuple(questions.values()),
+        questions=asked,
         instructions=render_text(request.instructions),
-        seed=request.x_seed if request.x_seed is not None else 0,
+        seed=0 if seed is None else int(seed),
         samples=samples,
         joint=joint,
         permutations=permutations,
@@ -288,7 +322,72 @@ def to_decision(
         readout=bool(request.x_readout),
         examples=request.x_examples or 0,
         shortlist=request.x_shortlist or 0,
+        auto_threshold=AUTO_THRESHOLD if request.auto_threshold is None else request.auto_threshold,
+        auto_max=request.auto_max or AUTO_MAX,
+        chunk_rows=request.chunk_rows,
+        chunk_prompt=request.chunk_prompt or "own",
     )
+
+
+def _plain_or_x(request: SystemOneRequest, name: str, problems: list[ErrorDetail]) -> Any:
+    """The value of ``name`` or ``x_<name>`` (either may be given; both only if equal)."""
+    plain, prefixed = getattr(request, name), getattr(request, f"x_{name}")
+    if plain is not None and prefixed is not None and plain != prefixed:
+        problems.append(_problem([name], f"{name} and x_{name} are the same option: give one, or both equal"))
+    return plain if plain is not None else prefixed
+
+
+def _auto_problems(request: SystemOneRequest, samples: Any, max_samples: int) -> list[ErrorDetail]:
+    """auto_threshold and auto_max: their ranges, and that they tune samples 'auto'."""
+    problems = []
+    threshold, most = request.auto_threshold, request.auto_max
+    if threshold is not None and not 0 <= threshold <= 1:
+        msg = f"auto_threshold is a normalised entropy, 0..1, got {threshold}"
+        problems.append(_problem(["auto_threshold"], msg))
+    if most is not None and not 1 <= most <= max_samples:
+        problems.append(_problem(["auto_max"], f"auto_max must be 1..{max_samples}, got {most}"))
+    for field in ("auto_threshold", "auto_max"):
+        if getattr(request, field) is not None and samples != "auto":
+            msg = f"{field} tunes samples 'auto' (slotread's default is 1 sample): add samples: 'auto'"
+            problems.append(_problem([field], msg))
+    return problems
+
+
+def _server_option_problems(request: SystemOneRequest) -> list[ErrorDetail]:
+    """chunk_rows and think, as far as slotread takes them."""
+    problems = []
+    if request.chunk_rows is not None and request.chunk_rows < MIN_CHUNK_ROWS:
+        msg = f"chunk_rows must be at least {MIN_CHUNK_ROWS} canvas tokens, got {request.chunk_rows}"
+        problems.append(_problem(["chunk_rows"], msg))
+    think = request.think
+    if isinstance(think, int) and not isinstance(think, bool) and think < 0:
+        problems.append(_problem(["think"], f"think is a thought budget in tokens, got {think}"))
+    elif think:
+        msg = "thinking before the read is not supported yet: leave think out, or send false or 0"
+        problems.append(_problem(["think"], msg, "not_supported"))
+    return problems
+
+
+def _asked(ask: list[str] | None, questions: dict[str, Question], problems: list[ErrorDetail]) -> tuple[Question, ...]:
+    """The questions ``ask`` names and every question they need answered first, in request order (all
+    questions when ``ask`` is absent)."""
+    if ask is None:
+        return tuple(questions.values())
+    if not ask:
+        problems.append(_problem(["ask"], "list at least one question id, or leave ask out"))
+    wanted: set[str] = set()
+    pending = []
+    for index, qid in enumerate(ask):
+        if qid not in questions:
+            problems.append(_problem(["ask", index], f"ask names {qid!r}, which is not a question of this request"))
+        else:
+            pending.append(qid)
+    while pending:
+        qid = pending.pop()
+        if qid not in wanted and qid in questions:
+            wanted.add(qid)
+            pending += questions[qid].prerequisites
+    return tuple(q for q in questions.values() if q.id in wanted)
 
 
 def _readout_problems(request: SystemOneRequest, permutations: int) -> list[ErrorDetail]:
@@ -372,10 +471,10 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
 
 
 def to_response(result: DecisionResult, request: SystemOneRequest, model: str) -> dict[str, Any]:
-    """The System One response body: answers keyed by id and integer usage.
+    """The System One response body: answers keyed by id in request order, and integer usage.
 
-    A question ``ask_if`` skipped has no answer: System One answers are never null, and its client refuses
-    one. Score legends echo the levels exactly as the request gave them.
+    A question not asked (skipped by ``ask_if``, or left out of ``ask``) has no answer: System One answers
+    are never null, and its client refuses one. Score legends echo the levels exactly as the request gave them.
     """
     answers = {
         qid: _answer(answer, request.questions[qid]) for qid, answer in result.answers.items() if answer is not None

@@ -3,7 +3,9 @@
 Isolated reads (the default) give each question its own prompt and canvas, so adding, removing,
 renaming or reordering other questions cannot move its answer: its noise seeds come from the request
 seed and its own token ids, never from its id or position. ``joint`` packs the questions of a stage
-into one canvas instead, on models that read every slot of a canvas at once (diffusion and masked).
+into one canvas instead, on models that read every slot of a canvas at once (diffusion and masked):
+a question marked ``alone`` keeps a canvas of its own, and ``chunk_rows`` splits the others into
+canvases of bounded width (``_groups``).
 
 With ``permutations = k`` a question is read under up to k option→label assignments (cyclic shifts,
 ``core.assignments``), each its own read; every read's label logits are put back in option order and
@@ -31,11 +33,6 @@ from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rend
 
 #: What each answer goes through before later stages and the caller see it (``slotread.quality``).
 Adjust = Callable[[Answer], Answer]
-
-#: samples="auto": a question whose first read has a normalised entropy above this is re-read ...
-AUTO_ENTROPY = 0.5
-#: ... up to this many draws in all.
-AUTO_DRAWS = 4
 
 
 @dataclass(frozen=True)
@@ -147,29 +144,64 @@ def _answers(units: list[_Unit]) -> list[Answer]:
     return answers
 
 
+def _chunks(questions: tuple[Question, ...], decision: Decision, renderer: Renderer) -> list[tuple[Question, ...]]:
+    """``questions`` split in order into the fewest joint canvases of at most ``chunk_rows`` tokens (a
+    question too wide for the limit gets a canvas of its own)."""
+    if decision.chunk_rows is None or not questions:
+        return [questions] if questions else []
+    texts = tuple(question_text(q, renderer) for q in questions)
+    shared = decision.chunk_prompt == "shared"
+    chunks: list[tuple[Question, ...]] = []
+    start = 0
+    for end in range(1, len(questions) + 1):
+        read = tuple(range(start, end))
+        rows = renderer.joint_rows(texts, read) if shared else renderer.joint_rows(texts[start:end])
+        if end - start > 1 and rows > decision.chunk_rows:
+            chunks.append(questions[start : end - 1])
+            start = end - 1
+    chunks.append(questions[start:])
+    return chunks
+
+
+def _groups(
+    asked: tuple[Question, ...], decision: Decision, renderer: Renderer
+) -> list[tuple[tuple[Question, ...], tuple[Question, ...]]]:
+    """The canvases of one stage as (the questions its prompt lists, those it has slots for): a branch per
+    question, or, reading jointly, a branch per question marked ``alone`` and the others in chunks whose
+    prompts list the chunk's questions or, with ``chunk_prompt="shared"``, all of them."""
+    # a question with solved examples is read alone: its examples are its own (the api refuses the mix)
+    joint = decision.joint and renderer.joint and not any(q.examples for q in asked)
+    if not joint:
+        return [((q,), (q,)) for q in asked]
+    together = tuple(q for q in asked if not q.alone)
+    shared = decision.chunk_prompt == "shared"
+    chunks = [(together if shared else chunk, chunk) for chunk in _chunks(together, decision, renderer)]
+    return [((q,), (q,)) for q in asked if q.alone] + chunks
+
+
 def _units(
     asked: tuple[Question, ...], decision: Decision, answers: dict[str, Answer | None], renderer: Renderer, limit: int
 ) -> list[_Unit]:
-    """The reads of one stage: per question and assignment a branch, or per assignment one joint canvas."""
-    # a question with solved examples is read alone: its examples are its own (the api refuses the mix)
-    joint = decision.joint and renderer.joint and not any(q.examples for q in asked)
-    groups = [asked] if joint else [(q,) for q in asked]
+    """The reads of one stage: per canvas (``_groups``) and assignment one read."""
     units = []
-    for group in groups:
-        earlier = _earlier(group, decision, answers, renderer)
-        assignments = [question_shifts(q, decision.permutations) for q in group]
-        for j in range(max(map(len, assignments))):
-            listed = tuple(a[j] if j < len(a) else None for a in assignments)
-            texts = tuple(question_text(q, renderer, shift or 0) for q, shift in zip(group, listed, strict=True))
-            if len(group) == 1:
+    for listed, group in _groups(asked, decision, renderer):
+        earlier = _earlier(listed, decision, answers, renderer)
+        assignments = [question_shifts(q, decision.permutations) for q in listed]
+        ids = [q.id for q in listed]
+        read = tuple(ids.index(q.id) for q in group)
+        for j in range(max(len(assignments[i]) for i in read)):
+            shifted = tuple(a[j] if j < len(a) else None for a in assignments)
+            texts = tuple(question_text(q, renderer, shift or 0) for q, shift in zip(listed, shifted, strict=True))
+            if len(listed) == 1:
                 rendered = renderer.render_branch(
-                    texts[0], decision.state, decision.instructions, earlier, group[0].examples
+                    texts[0], decision.state, decision.instructions, earlier, listed[0].examples
                 )
             else:
-                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier)
+                subset = read if len(read) < len(listed) else None
+                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier, subset)
             if rendered.tokens > limit:
                 raise PromptTooLong(rendered.tokens, limit)
-            units.append(_Unit(rendered, group, listed, []))
+            units.append(_Unit(rendered, group, tuple(shifted[i] for i in read), []))
     return units
 
 
@@ -198,10 +230,10 @@ def decide(
         units = _units(asked, decision, answers, renderer, limit)
         _read(engine, units, decision.seed, range(draws), decision.readout)
         if decision.samples == "auto" and noisy:
-            uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > AUTO_ENTROPY}
+            uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > decision.auto_threshold}
             again = [u for u in units if any(q.id in uncertain for q in u.questions)]
-            if again:
-                _read(engine, again, decision.seed, range(1, AUTO_DRAWS), decision.readout)
+            if again and decision.auto_max > 1:
+                _read(engine, again, decision.seed, range(1, decision.auto_max), decision.readout)
         for unit in units:
             input_tokens += unit.rendered.tokens
             output_tokens += len(unit.questions) * len(unit.scores)

@@ -18,6 +18,14 @@ Samples = int | Literal["auto"]
 #: fitted temperature, against the running mean of earlier answers, or contextually and then by
 #: fitted top-label bins.
 CalibrationMethod = Literal["none", "contextual", "temperature", "batch", "binned"]
+#: How the chunks of a joint stage are prompted: each with its own questions, or every chunk with all
+#: of the stage's questions (one prompt prefix, cached once) and slots for its own.
+ChunkPrompt = Literal["own", "shared"]
+
+#: samples="auto": a question whose first read has a normalised entropy above this is re-read ...
+AUTO_THRESHOLD = 0.5
+#: ... up to this many draws in all.
+AUTO_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Question:
     ``depends_on`` lists earlier questions whose answers this one sees in its prompt; every
     ``ask_if`` condition must hold for the question to be asked (otherwise its answer is null).
     ``examples`` are solved cases its prompt shows (``slotread.quality.examples`` retrieves them).
+    ``alone``: read in a canvas of its own even when the decision reads jointly.
     """
 
     id: str
@@ -56,6 +65,7 @@ class Question:
     depends_on: tuple[str, ...] = ()
     ask_if: tuple[Condition, ...] = ()
     examples: tuple[SolvedExample, ...] = ()
+    alone: bool = False
 
     @property
     def prerequisites(self) -> tuple[str, ...]:
@@ -76,7 +86,11 @@ class Decision:
     bank each question's prompt shows) and ``shortlist`` (read at most this many options, those the
     nearest examples point to; 0: all), which ``slotread.quality.examples`` applies. ``readout``: answer
     with the schema's learned readout (``slotread.quality.readout``); ``core.decide`` then asks the
-    engine for the slots' hidden states.
+    engine for the slots' hidden states. ``auto_threshold`` and ``auto_max``: with ``samples="auto"``, a
+    question whose first read's normalised entropy is above the threshold is read again, up to
+    ``auto_max`` draws in all. ``chunk_rows``: a joint canvas holds at most this many tokens before its
+    padding (None: one canvas per stage), the questions split in order into the fewest chunks that
+    fit; ``chunk_prompt`` says what each chunk's prompt lists.
     """
 
     state: str
@@ -91,3 +105,7 @@ class Decision:
     readout: bool = False
     examples: int = 0
     shortlist: int = 0
+    auto_threshold: float = AUTO_THRESHOLD
+    auto_max: int = AUTO_MAX
+    chunk_rows: int | None = None
+    chunk_prompt: ChunkPrompt = "own"

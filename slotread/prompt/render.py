@@ -333,9 +333,8 @@ class Renderer:
         canvas = self._encode(self.reply_prefix + labels.lead)
         return (*canvas, labels.ids[0]), (Slot(len(canvas), labels.ids),)
 
-    def _slot_canvas(self, lines: list[tuple[str, LabelSet]]) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
-        """One line per slot (text before the slot, its labels), then the reply end (<turn|>, then pad
-        to the bucket, on DiffusionGemma)."""
+    def _slot_lines(self, lines: list[tuple[str, LabelSet]]) -> tuple[list[int], tuple[Slot, ...]]:
+        """One line per slot (text before the slot, its labels), then the reply end (<turn|>)."""
         canvas: list[int] = []
         slots = []
         for index, (before, labels) in enumerate(lines):
@@ -345,6 +344,11 @@ class Renderer:
             slots.append(Slot(len(canvas), labels.ids))
             canvas.append(labels.ids[0])
         canvas += self._encode(self._after_slot)
+        return canvas, tuple(slots)
+
+    def _slot_canvas(self, lines: list[tuple[str, LabelSet]]) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
+        """The slot lines, padded to the bucket on DiffusionGemma."""
+        canvas, slots = self._slot_lines(lines)
         if self.family != "diffusion":
             return tuple(canvas), tuple(slots)
         pad = self.tokenizer.pad_token_id
@@ -379,18 +383,34 @@ class Renderer:
         state: str,
         instructions: str | None = None,
         earlier: tuple[EarlierAnswer, ...] = (),
+        read: tuple[int, ...] | None = None,
     ) -> Rendered:
-        """Several questions numbered in one prompt, one slot each in one canvas (diffusion and masked)."""
+        """Several questions numbered in one prompt, one slot each in one canvas (diffusion and masked).
+
+        ``read``: the indexes of the questions the canvas has slots for (default all); the prompt still
+        lists every question, so chunks of one stage can share its schema segment.
+        """
         if not self.joint:
             raise ValueError(
                 "joint canvases need a diffusion or masked model; causal models read one branch per question"
             )
+        read = tuple(range(len(questions))) if read is None else read
         schema = "\n\n".join(f"{n}. {question_block(q)}" for n, q in enumerate(questions, 1))
-        reply = "\n".join(f"{n}. {reply_instruction(q)}" for n, q in enumerate(questions, 1))
-        reply = "Answer every question, one line each, as '<number>: <answer>':\n" + reply
+        reply = "\n".join(f"{n + 1}. {reply_instruction(questions[n])}" for n in read)
+        asked = "every question" if len(read) == len(questions) else "questions " + ", ".join(str(n + 1) for n in read)
+        reply = f"Answer {asked}, one line each, as '<number>: <answer>':\n" + reply
         prompt = self._prompt(schema, state, instructions, earlier, reply)
-        canvas, slots = self._slot_canvas([(f"{n}:", q.labels) for n, q in enumerate(questions, 1)])
+        canvas, slots = self._slot_canvas(self._joint_lines(questions, read))
         return Rendered(prompt, canvas, slots)
+
+    def joint_rows(self, questions: tuple[QuestionText, ...], read: tuple[int, ...] | None = None) -> int:
+        """The tokens of ``render_joint``'s canvas before its padding (what ``chunk_rows`` bounds)."""
+        read = tuple(range(len(questions))) if read is None else read
+        return len(self._slot_lines(self._joint_lines(questions, read))[0])
+
+    @staticmethod
+    def _joint_lines(questions: tuple[QuestionText, ...], read: tuple[int, ...]) -> list[tuple[str, LabelSet]]:
+        return [(f"{n + 1}:", questions[n].labels) for n in read]
 
 
 def _remembered(kept: OrderedDict[Key, Value], key: Key, compute: Callable[[], Value]) -> Value:

@@ -44,7 +44,7 @@ from slotread.serve.auth import ApiKeys
 from slotread.serve.metrics import Metrics, MetricsMiddleware
 from slotread.serve.openapi import add_schemas
 from slotread.serve.request_id import HEADER, RequestIdMiddleware, request_id_of
-from slotread.serve.routes import decisions, models, operations, systemone
+from slotread.serve.routes import chat, decisions, models, operations, playground, systemone
 from slotread.serve.service import DecisionService
 from slotread.settings import Settings
 
@@ -173,8 +173,11 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
     app.state.service = service
     app.include_router(systemone.router)
     app.include_router(decisions.router)
+    app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(operations.router)
+    if settings.playground:
+        app.include_router(playground.router)
 
     handlers: dict[type[Exception], Callable[[Request, Exception], Any]] = {
         InvalidRequest: _invalid_request,
@@ -198,7 +201,7 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
-    schemas = {**systemone.SCHEMAS, **decisions.SCHEMAS}
+    schemas = {**systemone.SCHEMAS, **decisions.SCHEMAS, **chat.SCHEMAS}
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -367,7 +367,11 @@ def test_a_null_score_level_is_refused_naming_the_level() -> None:
         ({**CHOICE, "instruction": "Which colour?"}, "instruction", "did you mean 'instructions'?"),
         ({"type": "noul", "critera": {"true": "yes"}}, "critera", "did you mean 'criteria'?"),
         ({"type": "noul", "dependson": []}, "dependson", "did you mean 'depends_on'?"),
-        ({"type": "noul", "weight": 2}, "weight", "known fields: ask_if, criteria, depends_on, instructions, type"),
+        (
+            {"type": "noul", "weight": 2},
+            "weight",
+            "known fields: alone, ask_if, criteria, depends_on, instructions, type",
+        ),
     ],
 )
 def test_an_unknown_field_in_a_question_is_refused_with_the_closest_known_one(
@@ -396,3 +400,67 @@ def test_question_fields_are_exactly_the_wire_questions_fields() -> None:
     # One list: a field added to the wire questions must be added to QUESTION_FIELDS, or it would be refused.
     fields = set().union(*(model.model_fields for model in (NoulQuestion, ChoiceQuestion, ScoreQuestion)))
     assert fields == QUESTION_FIELDS
+
+
+def test_the_example_servers_samples_and_seed_are_x_samples_and_x_seed() -> None:
+    plain = decision({"state": "s", "questions": {"q": {"type": "noul"}}, "samples": 3, "seed": 7})
+    prefixed = decision({"state": "s", "questions": {"q": {"type": "noul"}}, "x_samples": 3, "x_seed": 7})
+    assert (plain.samples, plain.seed) == (prefixed.samples, prefixed.seed) == (3, 7)
+    both = {"state": "s", "questions": {"q": {"type": "noul"}}, "samples": 2, "x_samples": 2}
+    assert decision(both).samples == 2
+    assert locs({**both, "x_samples": 3, "seed": 1, "x_seed": 2}) == [["body", "seed"], ["body", "samples"]]
+    assert locs({**both, "x_samples": None, "samples": 33}) == [["body", "samples"]]
+
+
+def test_auto_threshold_and_auto_max() -> None:
+    body = {"state": "s", "questions": {"q": {"type": "noul"}}, "samples": "auto"}
+    d = decision({**body, "auto_threshold": 0.1, "auto_max": 8})
+    assert (d.samples, d.auto_threshold, d.auto_max) == ("auto", 0.1, 8)
+    assert (decision(body).auto_threshold, decision(body).auto_max) == (0.5, 4)
+    assert locs({**body, "auto_threshold": 1.5, "auto_max": 33}) == [["body", "auto_threshold"], ["body", "auto_max"]]
+    assert locs({**body, "auto_max": 0}) == [["body", "auto_max"]]
+    assert locs({**body, "auto_threshold": "0.1"})[0][:2] == ["body", "auto_threshold"]
+    # slotread reads once by default: tuning "auto" without asking for it is a mistake worth a 422
+    assert locs({**body, "samples": 2, "auto_max": 4}) == [["body", "auto_max"]]
+
+
+def test_ask_keeps_the_named_questions_and_their_prerequisites() -> None:
+    questions = {
+        "a": {"type": "noul"},
+        "b": {"type": "noul", "depends_on": "a"},
+        "c": {"type": "noul", "ask_if": {"b": [True]}},
+        "d": {"type": "noul"},
+    }
+    d = decision({"state": "s", "questions": questions, "ask": ["c"]})
+    assert [q.id for q in d.questions] == ["a", "b", "c"]
+    assert [q.id for q in decision({"state": "s", "questions": questions, "ask": ["d", "a"]}).questions] == ["a", "d"]
+    assert locs({"state": "s", "questions": questions, "ask": ["a", "nope"]}) == [["body", "ask", 1]]
+    assert locs({"state": "s", "questions": questions, "ask": []}) == [["body", "ask"]]
+    assert locs({"state": "s", "questions": questions, "ask": "a"})[0][:2] == ["body", "ask"]
+
+
+def test_alone_and_chunks() -> None:
+    body = {"state": "s", "questions": {"q": {"type": "noul", "alone": True}, "r": {"type": "noul"}}, "joint": True}
+    d = decision({**body, "chunk_rows": 16, "chunk_prompt": "shared"})
+    assert [q.alone for q in d.questions] == [True, False]
+    assert (d.chunk_rows, d.chunk_prompt) == (16, "shared")
+    assert (decision(body).chunk_rows, decision(body).chunk_prompt) == (None, "own")
+    assert locs({**body, "chunk_rows": 7}) == [["body", "chunk_rows"]]
+    assert locs({**body, "chunk_prompt": "full"})[0][:2] == ["body", "chunk_prompt"]
+    assert locs({**body, "questions": {"q": {"type": "noul", "alone": "yes"}}})[0][:4] == [
+        "body",
+        "questions",
+        "q",
+        "noul",
+    ]
+
+
+@pytest.mark.parametrize("think", [True, 1, 256])
+def test_think_is_refused_until_slotread_thinks(think: Any) -> None:
+    detail = problems({"state": "s", "questions": {"q": {"type": "noul"}}, "think": think})
+    assert [d["loc"] for d in detail] == [["body", "think"]] and "not supported yet" in detail[0]["msg"]
+
+
+@pytest.mark.parametrize("think", [False, 0])
+def test_think_off_is_accepted(think: Any) -> None:
+    assert decision({"state": "s", "questions": {"q": {"type": "noul"}}, "think": think}).questions

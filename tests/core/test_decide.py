@@ -11,7 +11,7 @@ import pytest
 
 from slotread.api.systemone import parse_request, to_decision
 from slotread.core.assignments import shifts
-from slotread.core.decide import decide
+from slotread.core.decide import decide, question_text
 from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import PromptTooLong, UnknownModel
@@ -297,3 +297,55 @@ def test_every_assignment_maps_back_to_the_option_it_listed(smollm2: LoadedModel
         re.search(r"^(\w+)\. lost$", smollm2.tokenizer.decode(r.prompt_ids), re.MULTILINE) for r in engine.requests
     ]
     assert len({m.group(1) for m in found if m}) == len(intent.reads)
+
+
+def test_a_question_marked_alone_keeps_its_own_canvas(tiny_diffusion: LoadedModel) -> None:
+    decider = Decider(tiny_diffusion)
+    questions = {**QUESTIONS, "intent": {**QUESTIONS["intent"], "alone": True}}
+    requests = recorded(decider, {"state": STATE, "questions": questions, "joint": True})
+    assert sorted(len(r.slots) for r in requests) == [1, 2]
+    alone = decider.decide({"state": STATE, "questions": questions, "joint": True})["answers"]["intent"]
+    single = answers(decider, {"intent": QUESTIONS["intent"]})["intent"]
+    assert alone["probabilities"] == pytest.approx(single["probabilities"], abs=1e-4)  # batch rounding only
+
+
+@pytest.mark.parametrize("prompt", ["own", "shared"])
+def test_chunk_rows_split_a_joint_stage_into_narrow_canvases(tiny_diffusion: LoadedModel, prompt: str) -> None:
+    decider = Decider(tiny_diffusion)
+    questions = {f"q{n}": {"type": "noul", "instructions": f"Is point {n} true?"} for n in range(6)}
+    body = {"state": STATE, "questions": questions, "joint": True, "chunk_prompt": prompt}
+    assert [len(r.slots) for r in recorded(decider, body)] == [6]
+    texts = tuple(question_text(q, decider.renderer) for q in to_decision(parse_request(body)).questions)
+    rows = decider.renderer.joint_rows(texts[:2], None if prompt == "own" else (0, 1))
+    requests = recorded(decider, {**body, "chunk_rows": rows})
+    assert [len(r.slots) for r in requests] == [2, 2, 2]
+    schemas = {r.prompt[:-1] for r in requests}
+    assert len(schemas) == (3 if prompt == "own" else 1)  # a shared prompt lists all six questions in each chunk
+    got = decider.decide({**body, "chunk_rows": rows})["answers"]
+    assert list(got) == list(questions) and all(0 <= a["noul"] <= 1 for a in got.values())
+
+
+def test_auto_threshold_and_auto_max_set_the_rereads(tiny_diffusion: LoadedModel) -> None:
+    decider = Decider(tiny_diffusion)
+    never = answers(decider, QUESTIONS, samples="auto", auto_threshold=1.0, auto_max=8)
+    always = answers(decider, QUESTIONS, samples="auto", auto_threshold=0.0, auto_max=6)
+    assert [a["x_reads"] for a in never.values()] == [1, 1, 1]
+    assert [a["x_reads"] for a in always.values()] == [6, 6, 6]
+    six = answers(decider, QUESTIONS, samples=6)
+    assert [a["noul"] for a in (always["urgent"], six["urgent"])] == pytest.approx([six["urgent"]["noul"]] * 2)
+
+
+def test_ask_reads_the_named_questions_and_what_they_need(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    questions = {
+        **QUESTIONS,
+        "why": {"type": "choice", "criteria": {"card": None, "rent": None}, "depends_on": "urgent"},
+    }
+    requests = recorded(decider, {"state": STATE, "questions": questions, "ask": ["why"]})
+    assert len(requests) == 2  # urgent, then why
+    got = decider.decide({"state": STATE, "questions": questions, "ask": ["why"]})["answers"]
+    assert list(got) == list(questions)
+    assert got["intent"] is None and got["mood"] is None
+    full = answers(decider, questions)
+    assert got["urgent"]["noul"] == pytest.approx(full["urgent"]["noul"], abs=1e-4)  # batch rounding only
+    assert got["why"]["probabilities"] == pytest.approx(full["why"]["probabilities"], abs=1e-4)

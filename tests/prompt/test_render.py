@@ -158,6 +158,21 @@ def test_joint_canvas_has_one_numbered_slot_per_question(diffusion: Renderer) ->
     assert "1. Is it urgent?" in prompt_text and "3. Where does the input fall on this scale?" in prompt_text
 
 
+def test_a_chunk_lists_every_question_and_reads_its_own(diffusion: Renderer) -> None:
+    questions = tuple(noul(diffusion, f"Question {n}?") for n in range(4))
+    whole = diffusion.render_joint(questions, "s")
+    chunk = diffusion.render_joint(questions, "s", read=(2, 3))
+    tokenizer = diffusion.tokenizer
+    end = chunk.canvas.index(tokenizer.convert_tokens_to_ids("<turn|>"))
+    assert tokenizer.decode(chunk.canvas[:end]) == "3: Yes\n4: Yes" and len(chunk.slots) == 2
+    # the schema segment (every question) is the same, so chunks share its cached KV
+    assert chunk.prompt[:-1] == whole.prompt[:-1]
+    assert "Answer questions 3, 4, one line each" in tokenizer.decode(chunk.prompt[-1])
+    # rows: the canvas before its padding, "<turn|>" included
+    assert diffusion.joint_rows(questions, (2, 3)) == end + 1 < len(chunk.canvas)
+    assert diffusion.joint_rows(questions) > diffusion.joint_rows(questions[:2])
+
+
 def test_joint_canvas_needs_a_diffusion_model(causal: Renderer) -> None:
     with pytest.raises(ValueError, match="diffusion"):
         causal.render_joint((noul(causal, "a?"), noul(causal, "b?")), "s")

@@ -49,7 +49,7 @@ def bodies(fuzz_server: Live) -> dict[str, st.SearchStrategy[Any]]:
         if "post" in item:
             schema = item["post"]["requestBody"]["content"]["application/json"]["schema"]
             routes[path] = from_schema(schema, components) | JSON_VALUES
-    assert set(routes) == {"/v1/systemone", "/v1/decisions"}
+    assert set(routes) == {"/v1/systemone", "/v1/decisions", "/v1/chat/completions"}
     return routes
 
 
