@@ -11,7 +11,11 @@ import httpx
 import pytest
 import zstandard
 
-from tests.serve.live import Live
+from slotread.decider import Decider
+from slotread.models.load import LoadedModel
+from slotread.serve.app import create_app
+from slotread.settings import Settings
+from tests.serve.live import Live, live_server
 
 HEADER = "x-typesafe-request-id"
 
@@ -219,3 +223,15 @@ def test_models_health_readiness_docs_and_metrics(smollm2_server: Live) -> None:
         assert set(strict_json(response)["detail"]) == {"error_type", "message"}
     for response in [models, missing, wrong_method, *responses.values()]:
         assert response.headers[HEADER]
+
+
+def test_metrics_count_the_engines_work(tiny_diffusion: LoadedModel) -> None:
+    """The engine's counters and the process's CPU time are exported for the benchmarks."""
+    with live_server(create_app(Settings(), Decider(tiny_diffusion))) as live, live.client() as client:
+        assert client.post("/v1/systemone", json=REQUEST).status_code == 200
+        text = client.get("/metrics").text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    assert values["slotread_engine_prompt_tokens_total"] > 0 and values["slotread_engine_canvas_tokens_total"] > 0
+    assert values["slotread_engine_prefix_cache_misses_total"] > 0
+    assert values["slotread_engine_graph_captures_total"] == 0  # no CUDA here
+    assert values["process_cpu_seconds_total"] > 0
