@@ -73,14 +73,14 @@ import json, math, sys
 response = json.load(open(sys.argv[1]))
 assert response["model"] == sys.argv[2]
 answers = response["answers"]
-assert list(answers) == ["urgent", "intent", "frustration", "escalate"], answers
+assert list(answers) in (["urgent", "intent", "frustration"], ["urgent", "intent", "frustration", "escalate"]), answers
 assert 0 <= answers["urgent"]["noul"] <= 1
 intent = answers["intent"]
 assert set(intent["probabilities"]) == {"card_arrival", "refund", "lost_or_stolen", "other"}
 assert math.isclose(sum(intent["probabilities"].values()), 1, abs_tol=1e-9)
 assert intent["choice"] == max(intent["probabilities"], key=intent["probabilities"].get)
 assert 0 <= answers["frustration"]["score"] <= 4
-assert answers["escalate"] is None or 0 <= answers["escalate"]["noul"] <= 1  # asked only if urgent
+assert "escalate" not in answers or 0 <= answers["escalate"]["noul"] <= 1  # asked only if urgent
 assert response["usage"]["input_tokens"] > 0
 EOF
 echo "fresh clone: README's evaluation example and slotread decide ran from $(git -C "$repo" rev-parse --short HEAD)"

@@ -143,17 +143,22 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         root_path = scope.get("root_path", "")
-        status = 500  # what the client sees if the app raises before answering
+        counted = False
+
+        def count(status: int) -> None:
+            nonlocal counted
+            counted = True
+            self.metrics.requests.labels(_route(scope, root_path), str(status)).inc()
 
         async def send_status(message: Message) -> None:
-            nonlocal status
+            # counted when the status goes out, before the body: a client that has its answer finds it counted
             if message["type"] == "http.response.start":
-                status = int(message["status"])
+                count(int(message["status"]))
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = _route(scope, root_path)
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+            if not counted:
+                count(500)  # what the client sees if the app raises before answering
+            self.metrics.latency.labels(_route(scope, root_path)).observe(time.perf_counter() - started)

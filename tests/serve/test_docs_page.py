@@ -9,7 +9,15 @@ from pathlib import Path
 from tests.serve.browser import Page, browser, screenshot_on_failure
 from tests.serve.live import Live
 
-OPERATIONS = ["/v1/systemone", "/v1/decisions", "/v1/models", "/healthz", "/readyz", "/metrics"]
+OPERATIONS = [
+    "/v1/systemone",
+    "/v1/decisions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+]
 #: swagger-ui's element for POST /v1/systemone: operations-{tag}-{FastAPI's operation id}
 SYSTEM_ONE = "#operations-decisions-systemone_v1_systemone_post"
 
