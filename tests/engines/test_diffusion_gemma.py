@@ -64,6 +64,22 @@ def max_difference(a: SlotScores, b: SlotScores) -> float:
     return max(float(np.abs(x - y).max()) for x, y in zip(a.logits, b.logits, strict=True))
 
 
+class Calls:
+    """Counts the calls of one of the engine module's forwards (``encode``, ``encode_decode``) from now on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        import slotread.engines.diffusion_gemma as engine_module
+
+        self.count = 0
+        real = getattr(engine_module, name)
+
+        def counted(*args: object, **kwargs: object) -> object:
+            self.count += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(engine_module, name, counted)
+
+
 def test_tiny_model_keeps_the_real_layer_mix(model: DiffusionGemmaForBlockDiffusion) -> None:
     config = model.config.text_config
     assert {"sliding_attention", "full_attention"} <= set(config.layer_types)
@@ -266,17 +282,6 @@ def test_new_states_encoded_with_their_canvases_read_as_in_two_forwards(
 ) -> None:
     """Decisions: states after one cached schema, several questions each. Encoding each state in the
     same forward as its canvases (``joint_encode``) reads as encoding it first, and caches it alike."""
-    import slotread.engines.diffusion_gemma as engine_module
-
-    joint_forwards = 0
-    real = engine_module.encode_decode
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal joint_forwards
-        joint_forwards += 1
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_module, "encode_decode", counted)
     schema = ids(30)
     # states shorter and longer than the sliding window's 15 held tokens; two of one length
     states = [ids(n) for n in (6, 20, 9, 9)]
@@ -291,20 +296,20 @@ def test_new_states_encoded_with_their_canvases_read_as_in_two_forwards(
     }
     for engine in engines.values():
         engine.read([requests[0]])  # caches the schema and the first state
-    joint_forwards = 0
+    joint = Calls(monkeypatch, "encode_decode")
     together = engines[True].read(requests)
-    forwards = 2 if max_canvases == 64 else 3  # one per state length; the two 9-token states' 6 reads split at 4
-    assert joint_forwards == forwards
+    forwards = 2 if max_canvases == 64 else 3  # 9 and 9 tokens together, 20 apart; the 9s' 6 reads split at 4
+    assert joint.count == forwards
     apart = engines[False].read(requests)
-    assert joint_forwards == forwards
+    assert joint.count == forwards
     for request, one, two in zip(requests, together, apart, strict=True):
         assert max_difference(one, two) <= 1e-5
         assert max_difference(one, DiffusionGemmaEngine(model).read([request])[0]) <= 1e-5
     # every state's whole prompt is cached: reading again decodes from the cache alone
     cache = engines[True].prefix_cache
-    hits, joint_forwards = cache.hits, 0
+    hits, joint = cache.hits, Calls(monkeypatch, "encode_decode")
     again = engines[True].read(requests)
-    assert cache.hits == hits + len(states) and joint_forwards == 0
+    assert cache.hits == hits + len(states) and joint.count == 0
     assert all(max_difference(a, b) <= 1e-5 for a, b in zip(again, together, strict=True))
 
 
@@ -313,16 +318,6 @@ def test_states_of_different_lengths_share_one_joint_forward(
 ) -> None:
     """New states of 41 and 42 tokens (one length bucket, both past the sliding window) are encoded in
     one forward with their canvases, the shorter right-padded, and read as each read alone."""
-    import slotread.engines.diffusion_gemma as engine_module
-
-    joint_forwards = 0
-    real = engine_module.encode_decode
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal joint_forwards
-        joint_forwards += 1
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
     schema = ids(30)
     requests = [
         ReadRequest((schema, ids(length)), ids(5), (Slot(1, ids(3)), Slot(4, ids(4))), seed=length)
@@ -330,10 +325,9 @@ def test_states_of_different_lengths_share_one_joint_forward(
     ]
     engine = DiffusionGemmaEngine(model)
     engine.read([ReadRequest((schema,), ids(4), (Slot(0, ids(3)),))])  # caches the schema
-    monkeypatch.setattr(engine_module, "encode_decode", counted)
+    joint = Calls(monkeypatch, "encode_decode")
     together = engine.read(requests)
-    assert joint_forwards == 1
-    monkeypatch.setattr(engine_module, "encode_decode", real)
+    assert joint.count == 1
     for request, one in zip(requests, together, strict=True):
         assert max_difference(one, DiffusionGemmaEngine(model).read([request])[0]) <= 1e-5
     # each state's KV was cached at its own length: reading again decodes from the cache alone
@@ -346,16 +340,6 @@ def test_isolated_questions_defer_their_states_into_one_joint_forward(
 ) -> None:
     """The isolated layout (instructions, then each question, then the state): every question's prompt
     continues its own cached parent, and all of them are encoded with their canvases in one forward."""
-    import slotread.engines.diffusion_gemma as engine_module
-
-    joint_forwards = 0
-    real = engine_module.encode_decode
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal joint_forwards
-        joint_forwards += 1
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
     instructions, questions, state = ids(40), [ids(n) for n in (7, 12, 9)], ids(22)
     requests = [
         ReadRequest((instructions, question, state), ids(6), (Slot(2, ids(3)),), seed=k)
@@ -364,10 +348,9 @@ def test_isolated_questions_defer_their_states_into_one_joint_forward(
     engine = DiffusionGemmaEngine(model)
     for question in questions:  # caches each question after the instructions
         engine.read([ReadRequest((instructions, question), ids(4), (Slot(0, ids(3)),))])
-    monkeypatch.setattr(engine_module, "encode_decode", counted)
+    joint = Calls(monkeypatch, "encode_decode")
     together = engine.read(requests)
-    assert joint_forwards == 1
-    monkeypatch.setattr(engine_module, "encode_decode", real)
+    assert joint.count == 1
     for request, one in zip(requests, together, strict=True):
         assert max_difference(one, DiffusionGemmaEngine(model).read([request])[0]) <= 1e-5
         assert max_difference(one, DiffusionGemmaEngine(model, joint_encode=False).read([request])[0]) <= 1e-5
@@ -377,23 +360,12 @@ def test_segments_of_different_lengths_share_one_encoder_forward(
     model: DiffusionGemmaForBlockDiffusion, ids: Draw, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Middle segments of 41 and 42 tokens (one length bucket) are encoded in one encoder forward."""
-    import slotread.engines.diffusion_gemma as engine_module
-
-    encodes = 0
-    real = engine_module.encode
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal encodes
-        encodes += 1
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
     schema = ids(30)
     requests = [ReadRequest((schema, ids(n), ids(5)), ids(4), (Slot(3, ids(3)),), seed=n) for n in (41, 42)]
     engine = DiffusionGemmaEngine(model, joint_encode=False)
     engine.read([ReadRequest((schema,), ids(4), (Slot(0, ids(3)),))])  # caches the schema
-    monkeypatch.setattr(engine_module, "encode", counted)
+    encodes = Calls(monkeypatch, "encode")
     together = engine.read(requests)
-    assert encodes == 2  # the two middle segments, then the two last ones
-    monkeypatch.setattr(engine_module, "encode", real)
+    assert encodes.count == 2  # the two middle segments, then the two last ones
     for request, one in zip(requests, together, strict=True):
         assert max_difference(one, DiffusionGemmaEngine(model).read([request])[0]) <= 1e-5
