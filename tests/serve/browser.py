@@ -3,6 +3,7 @@
     with browser() as page:
         page.open(url)
         page.wait_for("#main .title")
+        page.fill("#state", "text")   # as typing would; page.select for a <select>
         page.click("button.go")
         page.text("#result")          # the element's visible text
         page.screenshot(path)         # a PNG of the window
@@ -27,6 +28,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
 CHROMIUM = "chromium"
@@ -63,13 +65,35 @@ class Page:
         self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
         element.click()
 
+    def fill(self, selector: str, text: str) -> None:
+        """Replace the text of an input or textarea, as typing would (input events fire)."""
+        element = self.wait_for(selector)
+        element.clear()
+        element.send_keys(text)
+
+    def select(self, selector: str, value: str) -> None:
+        """Choose the option of a <select> whose value is ``value``, as a person would."""
+        Select(self.wait_for(selector)).select_by_value(value)
+
     def text(self, selector: str) -> str:
         """The visible text of the first element matching ``selector``."""
-        return self.wait_for(selector).text
+        return str(self.wait_for(selector).text)
 
     def texts(self, selector: str) -> list[str]:
         """The visible texts of every element matching ``selector`` (none: an empty list)."""
-        return [element.text for element in self.driver.find_elements(By.CSS_SELECTOR, selector)]
+        return [element.text for element in self.all(selector)]
+
+    def all(self, selector: str) -> list[WebElement]:
+        """Every element matching ``selector``, visible or not."""
+        return list(self.driver.find_elements(By.CSS_SELECTOR, selector))
+
+    def attribute(self, selector: str, name: str) -> str:
+        """An attribute or property of the first match, visible or not (``textContent`` reads hidden text)."""
+        return str(self.driver.find_element(By.CSS_SELECTOR, selector).get_attribute(name) or "")
+
+    def console_errors(self) -> list[str]:
+        """The page's console errors so far (a refused script or style shows up here)."""
+        return [entry["message"] for entry in self.driver.get_log("browser") if entry["level"] == "SEVERE"]
 
     def evaluate(self, script: str) -> Any:
         """The value of a JavaScript expression in the page (``return ...``)."""
@@ -101,6 +125,7 @@ def browser(width: int = 1280, height: int = 1600, timeout: float = 30.0) -> Ite
     # --no-sandbox: CI and these machines run as root, where Chromium's sandbox refuses to start.
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for ``console_errors``
     chrome = webdriver.Chrome(service=Service(driver), options=options)
     try:
         yield Page(chrome, timeout)
