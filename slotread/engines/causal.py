@@ -12,19 +12,25 @@ state-first layout) is the branch's own text and always runs with the canvas, be
 would copy the shared prefix once per branch for prompts that are not read again. One ``read``:
 
 1. finds each request's longest cached boundary prefix;
-2. plans rows: a missing prefix that two or more requests continue differently is encoded once, in
-   a row of its own, one "wave" before the rows that extend it;
-3. runs each wave in batched forwards: a row's prefix KV left-padded to the longest prefix of the
-   batch (a prefix shared by every row is an ``expand`` view, not a copy), its new tokens right-padded,
-   a 2D attention mask and per-row position ids, so each row computes what it computes alone;
-4. keeps the KV of the boundary prefixes each row passed, and applies ``lm_head`` only at the rows
-   that are read (whose final hidden states a request with ``hidden=True`` gets back).
+2. plans rows: each missing boundary prefix is encoded once, in a row of its own that continues the
+   prefix one segment shorter (cached, or encoded one "wave" before), so a prompt is always encoded
+   segment by segment and a segment's KV is computed the same way whether or not a prefix was cached;
+   each request's row then runs its last segment and canvas after its longest boundary prefix;
+3. runs each wave in forwards of ``max_batch_rows`` rows: a row's prefix KV left-padded to the longest
+   prefix of the forward (a prefix shared by every row is an ``expand`` view, not a copy), its new
+   tokens right-padded, a 2D attention mask and per-row position ids;
+4. keeps the KV of each encoded boundary prefix, and at the rows that are read applies ``lm_head``
+   (the vocabulary diagnostics) and the exact float32 label logits (``scores.OutputHead``); a request
+   with ``hidden=True`` gets those rows' final hidden states back.
 
-Tolerance: a result does not depend on the other requests of the call, on the chunking or on the
-cache state beyond float32 rounding, which CPU matmul kernels do differently for different batch
-shapes: at most 1e-5 on the O(1) logits of the tiny test models, about 6e-7 of the logit size on
-real ones (SmolLM2-135M: 1.2e-5 on logits near 20). In bfloat16 batch composition moves logits by
-far more; compare fixed shapes there.
+Tolerance: with ``max_batch_rows=1`` (the default) every forward runs one row of one segment, so a
+read's label logits are bit-identical whatever else the call holds and whatever the prefix cache
+holds, in any dtype, for one device, torch build and thread count. Batching rows is not: CPU matmul
+kernels round a row differently in batches of different shapes (bfloat16 outputs move by one unit in
+the last place, e.g. 0.25 on values near 100; float32 logits of real weights by about 6e-7 of their
+size, 1.2e-5 on SmolLM2-135M's logits near 20; 1e-5 on the tiny test models). On the 2-core CPU a
+3-question decision costs the same batched or row by row (the forwards are compute-bound); a GPU
+(``make_engine``) batches ``GPU_BATCH`` rows and takes that rounding.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from transformers.cache_utils import DynamicLayer
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
-from slotread.engines.scores import score_slots, with_hidden
+from slotread.engines.scores import OutputHead, score_slots, with_hidden
 from slotread.errors import ModelLoadError, PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -55,14 +61,12 @@ Ids = tuple[int, ...]
 class Row:
     """One row of a batched forward: the KV of ``parent`` extended by ``tokens``.
 
-    ``keep`` lists the lengths of the boundary prefixes (of ``parent + tokens``) whose KV the row
-    stores; ``request`` is the index of the request read at the row's last token, None for a row
-    that only encodes a shared prefix.
+    ``request`` is the index of the request read at the row's last token; None for a row that
+    encodes a boundary prefix (``parent + tokens``) and stores its KV.
     """
 
     parent: Ids
     tokens: Ids
-    keep: tuple[int, ...]
     request: int | None
 
 
@@ -72,35 +76,21 @@ def plan_waves(
     """The rows of one read, in waves: each row's parent is cached or encoded in an earlier wave.
 
     ``fed[i]`` is request i's fed ids, ``boundaries[i]`` the increasing lengths of its cacheable
-    prefixes. A missing prefix becomes a row of its own only where requests continue it in two or
-    more ways (a branch point); otherwise it is encoded inside the one row that passes it.
+    prefixes. Each missing boundary prefix is one row (once, however many requests pass it)
+    continuing the boundary before it; each request's row continues its longest boundary prefix.
     """
-    paths: list[tuple[int, list[int]]] = []  # per request: deepest cached length, missing lengths
-    for ids, lengths in zip(fed, boundaries, strict=True):
-        start = next((length for length in reversed(lengths) if is_cached(ids[:length])), 0)
-        paths.append((start, [length for length in lengths if length > start]))
-
-    continuations: defaultdict[Ids, set[Ids | int]] = defaultdict(set)
-    for index, (ids, (_, missing)) in enumerate(zip(fed, paths, strict=True)):
-        for step, length in enumerate(missing):
-            successor = ids[: missing[step + 1]] if step + 1 < len(missing) else index
-            continuations[ids[:length]].add(successor)
-    branch_points = {prefix for prefix, successors in continuations.items() if len(successors) > 1}
-
+    ready: dict[Ids, int] = {}  # a planned prefix -> the first wave that may continue it
     waves: defaultdict[int, list[Row]] = defaultdict(list)
-    planned: set[Ids] = set()
-    for index, (ids, (start, missing)) in enumerate(zip(fed, paths, strict=True)):
-        parent, depth = start, 0
-        keep: list[int] = []
-        for length in missing:
-            keep.append(length)
+    for index, (ids, lengths) in enumerate(zip(fed, boundaries, strict=True)):
+        parent = next((length for length in reversed(lengths) if is_cached(ids[:length])), 0)
+        depth = 0
+        for length in (length for length in lengths if length > parent):
             prefix = ids[:length]
-            if prefix in branch_points:
-                if prefix not in planned:
-                    planned.add(prefix)
-                    waves[depth].append(Row(ids[:parent], ids[parent:length], tuple(keep), None))
-                parent, keep, depth = length, [], depth + 1
-        waves[depth].append(Row(ids[:parent], ids[parent:], tuple(keep), index))
+            if prefix not in ready:
+                waves[depth].append(Row(ids[:parent], ids[parent:length], None))
+                ready[prefix] = depth + 1
+            parent, depth = length, max(depth, ready[prefix])
+        waves[depth].append(Row(ids[:parent], ids[parent:], index))
     return [waves[depth] for depth in sorted(waves)]
 
 
@@ -147,7 +137,8 @@ def _pad_rows(tensors: list[torch.Tensor | None], width: int) -> torch.Tensor:
 class CausalEngine:
     """Reads label logits at answer slots of a causal LM, caching prompt prefixes across reads.
 
-    ``max_batch_rows`` bounds the rows of one forward; ``max_tokens`` defaults to the model's
+    ``max_batch_rows`` bounds the rows of one forward (1: every read's result bit-identical in any
+    batch and cache state, see the module docstring); ``max_tokens`` defaults to the model's
     ``max_position_embeddings``.
     """
 
@@ -160,7 +151,7 @@ class CausalEngine:
         *,
         prefix_cache: PrefixCache | None = None,
         max_tokens: int | None = None,
-        max_batch_rows: int = 32,
+        max_batch_rows: int = 1,
     ) -> None:
         if not isinstance(model, PreTrainedModel):
             raise ModelLoadError(type(model).__name__, "the causal engine reads transformers models only")
@@ -171,14 +162,14 @@ class CausalEngine:
         self._model = model.eval()
         self._body: torch.nn.Module = model.base_model
         head = model.get_output_embeddings()
-        if self._body is model or not isinstance(head, torch.nn.Module):
-            raise ModelLoadError(type(model).__name__, "no separate base model and output embeddings")
-        self._head: torch.nn.Module = head
-        self._vocab = int(head.get_parameter("weight").shape[0])
+        if self._body is model or not isinstance(head, torch.nn.Linear):
+            raise ModelLoadError(type(model).__name__, "no separate base model and linear output embeddings")
+        self._vocab = head.out_features
         # Logit transforms the causal LMs of transformers 5.17 apply after lm_head, named by config.
-        self._logit_scale = float(getattr(config, "logit_scale", None) or 1.0)  # Cohere multiplies
-        self._logit_scale /= float(getattr(config, "logits_scaling", None) or 1.0)  # Granite divides
-        self._softcap = getattr(config, "final_logit_softcapping", None)  # Gemma: cap * tanh(x / cap)
+        scale = float(getattr(config, "logit_scale", None) or 1.0)  # Cohere multiplies
+        scale /= float(getattr(config, "logits_scaling", None) or 1.0)  # Granite divides
+        softcap = getattr(config, "final_logit_softcapping", None)  # Gemma: cap * tanh(x / cap)
+        self._head = OutputHead(head.weight, head.bias, scale, float(softcap) if softcap else None)
         self._check_logit_head()
         logger.info(
             "causal engine: %s, max_tokens=%d, max_batch_rows=%d, prefix cache %d MiB",
@@ -215,7 +206,7 @@ class CausalEngine:
                     if read:
                         at_reads = last_hidden[[r for r, _ in read]]  # (R, H)
                         slots = [requests[index].slots for _, index in read]
-                        results = score_slots(self._logits(at_reads), slots)  # logits (R, V) float32
+                        results = score_slots(self._head.vocabulary(at_reads), at_reads, slots, self._head)
                         wanted = [requests[index].hidden for _, index in read]
                         if any(wanted):  # every slot of a request reads the same row
                             counts = torch.tensor([len(s) for s in slots], device=at_reads.device)
@@ -225,7 +216,7 @@ class CausalEngine:
         return [scores[index] for index in range(len(requests))]
 
     def _extend(self, rows: list[Row], known: dict[Ids, PrefixKV]) -> torch.Tensor:
-        """Run one batched forward; store the KV of each row's ``keep`` prefixes in ``known`` and the
+        """Run one batched forward; store the KV of each boundary prefix row in ``known`` and the
         prefix cache; return the hidden state at each row's last token, (B, H)."""
         device = self._model.device
         width = max(len(row.parent) for row in rows)  # P: the padded prefix width
@@ -248,37 +239,33 @@ class CausalEngine:
 
         layers = [(keys, values) for keys, values, _ in cache]  # each (B, kvh, P + S, hd)
         for r, row in enumerate(rows):
-            start = width - len(row.parent)
-            for length in row.keep:
-                window = (slice(r, r + 1), slice(None), slice(start, start + length))
+            if row.request is None:  # a boundary prefix: keep its KV
+                start = width - len(row.parent)
+                window = (slice(r, r + 1), slice(None), slice(start, start + len(row.parent) + len(row.tokens)))
                 kv = PrefixKV(
                     keys=tuple(keys[window].clone() for keys, _ in layers),
                     values=tuple(values[window].clone() for _, values in layers),
                 )
-                prefix = (*row.parent, *row.tokens)[:length]
+                prefix = (*row.parent, *row.tokens)
                 known[prefix] = kv
                 self.prefix_cache.put(prefix, kv)
         last = torch.tensor([len(row.tokens) - 1 for row in rows], device=device)
         return hidden[torch.arange(len(rows), device=device), last]
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary float32 logits of hidden states (R, H) -> (R, V), as the model's own head."""
-        logits = self._head(hidden).float()
-        if self._logit_scale != 1.0:
-            logits = logits * self._logit_scale
-        if self._softcap:
-            logits = self._softcap * torch.tanh(logits / self._softcap)
-        return logits
-
     def _check_logit_head(self) -> None:
-        """Refuse a model whose own logits differ from ``_logits`` (an unknown head transform)."""
+        """Refuse a model whose own logits differ from ``self._head``'s (an unknown head transform), over
+        the vocabulary and, exactly, at a few ids and its top ones."""
         probe = torch.arange(1, min(5, self._vocab), device=self._model.device).unsqueeze(0)
         with torch.inference_mode():
             expected = self._model(input_ids=probe).logits[0, -1].float()
-            got = self._logits(self._body(input_ids=probe).last_hidden_state[0, -1:])[0]
+            hidden = self._body(input_ids=probe).last_hidden_state[0, -1:]  # (1, H)
+            ids = torch.cat([torch.arange(0, self._vocab, max(1, self._vocab // 64)), expected.topk(8).indices.cpu()])
+            ids = ids.to(self._model.device)
+            vocabulary = self._head.vocabulary(hidden)[0]
+            exact = self._head.at(hidden.expand(len(ids), -1), ids)
         tolerance = 1e-4 if self._model.dtype == torch.float32 else 3e-2
         scale = float(expected.abs().max()) + 1.0
-        difference = float((got - expected).abs().max())
+        difference = max(float((vocabulary - expected).abs().max()), float((exact - expected[ids]).abs().max()))
         if difference > tolerance * scale:
             raise ModelLoadError(
                 type(self._model).__name__,

@@ -16,8 +16,10 @@ is no mask token: the model was trained to denoise uniform random token ids. A r
    each row attends separately to its own prompt tokens after it and to its canvas
    (``gemma_forward.decode``, one step, no self-conditioning);
 4. applies ``lm_head`` to the hidden states at the slots only, then the final softcap
-   ``cap * tanh(x / cap)`` in float32, and keeps each slot's label logits (and, for a request with
-   ``hidden=True``, the slot's hidden state).
+   ``cap * tanh(x / cap)`` in float32 (the vocabulary diagnostics), computes each slot's label logits
+   exactly from the output embedding's rows of its labels (``scores.OutputHead``: float64 sums, the
+   softcap, float32 out), and keeps them (and, for a request with ``hidden=True``, the slot's hidden
+   state).
 
 The library's own ``forward`` builds float32 logits over all 262,144 ids at every canvas position
 and copies the prompt's KV into every row of a batch in every layer; steps 3 and 4 do neither. Its
@@ -63,7 +65,7 @@ from slotread.engines.gemma_forward import (
 )
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
-from slotread.engines.scores import score_slot_rows, with_hidden
+from slotread.engines.scores import OutputHead, score_slot_rows, with_hidden
 from slotread.errors import PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -152,13 +154,12 @@ class DiffusionGemmaEngine:
         self._model = model.eval()
         self._encoder = model.model.encoder.language_model
         self._decoder = model.model.decoder
-        self._head = model.lm_head
+        self._head = OutputHead(model.lm_head.weight, softcap=float(self._config.final_logit_softcapping))
         # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
         use_graphs = cuda_graphs and model.device.type == "cuda" and model.dtype == torch.bfloat16
         self._graphs = (
             ForwardGraphs(self._decoder, self._config.layer_types, self._config.sliding_window) if use_graphs else None
         )
-        self._softcap = float(self._config.final_logit_softcapping)
         self._vocab = int(self._config.vocab_size)
         self._pad_id = int(self._config.pad_token_id or 0)
         self._prompt_tokens = 0  # prompt tokens encoded (``counters``)
@@ -208,10 +209,9 @@ class DiffusionGemmaEngine:
             "graph_replays": graphs.replays if graphs else 0,
         }
 
-    @staticmethod
-    def _scored(batch: list[ReadRequest], logits: torch.Tensor, hidden: torch.Tensor) -> list[SlotScores]:
+    def _scored(self, batch: list[ReadRequest], logits: torch.Tensor, hidden: torch.Tensor) -> list[SlotScores]:
         """Each request's scores from its slots' rows of ``logits`` (S, V) and ``hidden`` (S, H)."""
-        results = score_slot_rows(logits, [r.slots for r in batch])
+        results = score_slot_rows(logits, hidden, [r.slots for r in batch], self._head)
         wanted = [r.hidden for r in batch]
         return with_hidden(results, hidden, wanted) if any(wanted) else results
 
@@ -529,14 +529,13 @@ class DiffusionGemmaEngine:
         )
 
     def _head_at_slots(self, batch: list[ReadRequest], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``lm_head`` and the final softcap at each slot of ``hidden`` (B, C, H): float32 logits (S, V)
-        and the slots' hidden states (S, H)."""
+        """``lm_head`` and the final softcap at each slot of ``hidden`` (B, C, H): float32 vocabulary logits
+        (S, V) and the slots' hidden states (S, H)."""
         device = self._model.device
         rows = [r for r, request in enumerate(batch) for _ in request.slots]
         cols = [slot.position for request in batch for slot in request.slots]
         at_slots = hidden[_on(device, rows), _on(device, cols)]  # (S, H)
-        logits = self._head(at_slots).to(torch.float32)  # (S, V)
-        return self._softcap * torch.tanh(logits / self._softcap), at_slots
+        return self._head.vocabulary(at_slots), at_slots
 
     def _shared_parts(self, sources: list[tuple[PrefixKV, int]]) -> list[SharedPart]:
         """One part per run of rows reading the same shared KV from the same place: each row's

@@ -18,15 +18,20 @@ embedding (the ``lm_head`` or decoder ``Linear``) keeps the hidden states at the
 drops the rest, so the model's own head transform runs, and the (B, T, V) logits are never built (a
 512-token BERT batch of 16 would need 1 GB for them). At construction a probe checks that these
 logits equal the model's full ones; a model whose logits do not come from its output embedding row
-by row is refused. What the hook kept is the slot's hidden state that a request with ``hidden=True``
-gets back (for BERT, after its prediction head's transform and norm).
+by row is refused. What the hook kept is the slot's hidden state: the label logits are computed from it
+exactly, in float32 (``scores.OutputHead``: the output embedding's rows of the label ids and their
+bias), the model's own (S, V) logits serve the vocabulary diagnostics, and a request with
+``hidden=True`` gets it back (for BERT, after its prediction head's transform and norm).
 
 What differs between checkpoints (mask id, read offset, the attention mask's form) comes in a
 ``MaskedAdapter`` built from the checkpoint's config (``slotread.models.masked_adapter``); the reader
 never looks at a model's name.
 
-Tolerance: a read's result does not depend on the other requests of the call beyond float rounding:
-within 1e-5 in float32 on the CPU (tests measure it on tiny BERT, ModernBERT and Dream-style models).
+Tolerance: a read's result does not depend on the other requests of the call beyond float rounding,
+which CPU kernels do differently for batches of different shapes: within 1e-5 in float32 on the CPU
+(tests measure it on tiny BERT, ModernBERT and Dream-style models), more in bfloat16, where every
+layer's output is rounded to 8 bits. ``max_batch_rows=1`` reads every request alone: its result is
+then bit-identical whatever else the call holds (there is no cache to differ by).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import torch
 from transformers import PreTrainedModel
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
-from slotread.engines.scores import score_slot_rows, with_hidden
+from slotread.engines.scores import OutputHead, score_slot_rows, with_hidden
 from slotread.errors import ModelLoadError, PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -103,6 +108,7 @@ class MaskedEngine:
         if not isinstance(head, torch.nn.Linear):
             raise ModelLoadError(name, "it has no linear output embedding (lm_head) to read the slots with")
         self._head = head
+        self._label_head = OutputHead(head.weight, head.bias)
         self._vocab = head.out_features
         if not 0 <= adapter.mask_id < self._vocab:
             raise ModelLoadError(name, f"mask id {adapter.mask_id} is outside its vocabulary of {self._vocab}")
@@ -125,7 +131,7 @@ class MaskedEngine:
             for start in range(0, len(order), self.max_batch_rows):
                 chunk = order[start : start + self.max_batch_rows]
                 logits, hidden = self._read_logits([rows[i] for i in chunk])  # (S, V), (S, H)
-                results = score_slot_rows(logits, [requests[i].slots for i in chunk])
+                results = score_slot_rows(logits, hidden, [requests[i].slots for i in chunk], self._label_head)
                 wanted = [requests[i].hidden for i in chunk]
                 if any(wanted):
                     results = with_hidden(results, hidden, wanted)
@@ -168,14 +174,21 @@ class MaskedEngine:
             handle.remove()
 
     def _check_slot_head(self, name: str) -> None:
-        """Refuse a model whose logits at the read rows differ from its full forward's."""
+        """Refuse a model whose logits at the read rows differ from its full forward's, or whose logits
+        are not its output embedding's (no transform after it), checked at a few ids and its top ones."""
         probe = torch.arange(1, min(7, self._vocab), device=self._model.device).unsqueeze(0)  # (1, T)
         reads = [0, probe.shape[1] - 1]
+        seen: list[torch.Tensor] = []
         try:
             with torch.inference_mode():
                 expected = self._model(input_ids=probe).logits[0, reads].float()  # (2, V)
-                with self._head_reads(torch.zeros_like(probe[0, :2]), torch.tensor(reads, device=probe.device)):
+                with self._head_reads(torch.zeros_like(probe[0, :2]), torch.tensor(reads, device=probe.device), seen):
                     got = self._model(input_ids=probe).logits.float()
+                ids = torch.cat(
+                    [torch.arange(0, self._vocab, max(1, self._vocab // 64)), expected[1].topk(8).indices.cpu()]
+                )
+                ids = ids.to(probe.device)
+                exact = self._label_head.at(seen[0][1:].expand(len(ids), -1), ids)
         except (RuntimeError, IndexError) as exc:
             raise ModelLoadError(name, f"its forward fails when lm_head sees the slot rows only: {exc}") from exc
         tolerance = 1e-4 if self._model.dtype == torch.float32 else 3e-2
@@ -184,6 +197,8 @@ class MaskedEngine:
             raise ModelLoadError(
                 name, "its logits do not come from its output embedding row by row, so the slots cannot be read alone"
             )
+        if float((exact - expected[1, ids]).abs().max()) > tolerance * scale:
+            raise ModelLoadError(name, "its logits are not its output embedding's: it transforms them after lm_head")
 
     def _row(self, index: int, request: ReadRequest) -> _Row:
         """The ids a read feeds (``prompt + canvas``, slots masked) and its read positions, after checks."""

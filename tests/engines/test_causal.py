@@ -142,12 +142,31 @@ def test_a_result_does_not_depend_on_the_batch(model, ids) -> None:
     alone = [CausalEngine(model).read([request])[0] for request in requests]
 
     together = CausalEngine(model).read(requests)
-    chunked = CausalEngine(model, max_batch_rows=2).read(requests)
     reversed_order = CausalEngine(model).read(requests[::-1])[::-1]
+    batched = CausalEngine(model, max_batch_rows=32).read(requests)
+    chunked = CausalEngine(model, max_batch_rows=2).read(requests)
 
-    assert max_difference(alone, together) <= 1e-5
+    assert max_difference(alone, together) == 0  # one row per forward: the same bits
+    assert max_difference(alone, reversed_order) == 0
+    assert max_difference(alone, batched) <= 1e-5  # batched rows round per batch shape
     assert max_difference(alone, chunked) <= 1e-5
-    assert max_difference(alone, reversed_order) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_by_row_reads_are_bit_identical_in_any_batch_and_cache_state(ids, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS["qwen2"], dtype=dtype).eval()
+    system = ids(12)
+    requests = [*branches(ids, (system, ids(30)), 3), *branches(ids, (system, ids(17)), 2, labels=(7, 8))]
+    alone = [CausalEngine(model).read([request])[0] for request in requests]
+    engine = CausalEngine(model)
+
+    cold = engine.read(requests)
+    warm = engine.read(requests[::-1])[::-1]  # every boundary prefix from the cache
+    partly = CausalEngine(model)
+    partly.read([ReadRequest(prompt=(system, ids(5)), canvas=(0,), slots=(Slot(0, (3,)),))])  # caches the system
+
+    assert all(max_difference(alone, other) == 0 for other in (cold, warm, partly.read(requests)))
 
 
 def test_a_second_read_reuses_the_cached_prefixes(model, ids) -> None:
@@ -160,9 +179,10 @@ def test_a_second_read_reuses_the_cached_prefixes(model, ids) -> None:
         warm = engine.read(requests)
 
     assert engine.prefix_cache.hits == hits + 1
-    assert cold_shapes == [(1, 42), (3, 10)]  # the shared prefix once, then the branches
-    assert warm_shapes == [(3, 10)]
-    assert max_difference(cold, warm) <= 1e-5
+    # segment by segment, then each branch (3, 5 and 7 question tokens, 3 reply tokens) in a row of its own
+    assert cold_shapes == [(1, 12), (1, 30), (1, 6), (1, 8), (1, 10)]
+    assert warm_shapes == [(1, 6), (1, 8), (1, 10)]
+    assert max_difference(cold, warm) == 0
 
 
 def test_results_do_not_depend_on_segment_boundaries(model, ids) -> None:
@@ -186,13 +206,13 @@ def test_results_do_not_depend_on_segment_boundaries(model, ids) -> None:
 
 def test_a_shared_prefix_is_encoded_once(model, ids) -> None:
     system, state = ids(15), ids(25)
-    engine = CausalEngine(model)
+    engine = CausalEngine(model, max_batch_rows=32)
     with fed_shapes(model) as shapes:
         engine.read(branches(ids, (system, state), 8))
 
     assert engine.prefix_cache.misses == 2  # system + state, then system: each probed once
     assert len(engine.prefix_cache) == 2
-    assert shapes == [(1, 40), (8, 20)]
+    assert shapes == [(1, 15), (1, 25), (8, 20)]
 
     # A second state after the same system: the system is a hit, only the new state is encoded.
     with fed_shapes(model) as shapes:
@@ -204,7 +224,7 @@ def test_a_shared_prefix_is_encoded_once(model, ids) -> None:
 def test_nested_branch_points_are_encoded_once_each(model, ids) -> None:
     system = ids(14)
     requests = [*branches(ids, (system, ids(20)), 3), *branches(ids, (system, ids(16)), 3)]
-    engine = CausalEngine(model)
+    engine = CausalEngine(model, max_batch_rows=32)
     with fed_shapes(model) as shapes:
         scores = engine.read(requests)
 
@@ -214,15 +234,15 @@ def test_nested_branch_points_are_encoded_once_each(model, ids) -> None:
         np.testing.assert_allclose(result.logits[0], expected, atol=1e-4, rtol=0)
 
 
-def test_plan_waves_runs_an_unshared_prefix_inside_its_branch() -> None:
-    fed = [(1, 2, 3, 4, 5), (1, 2, 3, 6), (7, 8, 9)]
-    boundaries = [[2, 3], [2, 3], [1]]
+def test_plan_waves_encodes_each_missing_segment_once_in_a_row_of_its_own() -> None:
+    fed = [(1, 2, 3, 4, 5), (1, 2, 3, 6), (7, 8, 9), (1, 2, 3, 7)]
+    boundaries = [[2, 3], [2, 3], [1], [3]]  # the last request passes (1, 2, 3) without its inner boundary
 
     waves = plan_waves(fed, boundaries, is_cached=lambda prefix: prefix == (1, 2))
 
-    assert [[(row.parent, row.tokens, row.keep, row.request) for row in wave] for wave in waves] == [
-        [((1, 2), (3,), (3,), None), ((), (7, 8, 9), (1,), 2)],
-        [((1, 2, 3), (4, 5), (), 0), ((1, 2, 3), (6,), (), 1)],
+    assert [[(row.parent, row.tokens, row.request) for row in wave] for wave in waves] == [
+        [((1, 2), (3,), None), ((), (7,), None)],
+        [((1, 2, 3), (4, 5), 0), ((1, 2, 3), (6,), 1), ((7,), (8, 9), 2), ((1, 2, 3), (7,), 3)],
     ]
 
 
@@ -302,14 +322,17 @@ def test_real_smollm2_branches_equal_full_forwards(smollm2) -> None:
     with fed_shapes(model) as shapes:
         scores = engine.read(requests)
 
-    assert [rows for rows, _ in shapes] == [1, 3]  # system + state once, then the three branches
+    assert [rows for rows, _ in shapes] == [1] * 5  # system, state, then each branch
     for request, result in zip(requests, scores, strict=True):
         expected = full_logits(model, request)
         np.testing.assert_allclose(result.logits[0], expected[list(labels)].numpy(), atol=1e-4, rtol=0)
-    # Rounding grows with the logits (about 20 here): measured 1.2e-5, about 6e-7 of the logit size.
     alone = [CausalEngine(model).read([request])[0] for request in requests]
+    assert max_difference(alone, scores) == 0
+    # Batched rows round per batch shape, and rounding grows with the logits (about 20 here): measured
+    # 1.2e-5, about 6e-7 of the logit size.
+    batched = CausalEngine(model, max_batch_rows=32).read(requests)
     scale = max(float(np.abs(result.logits[0]).max()) for result in scores)
-    assert max_difference(alone, scores) <= 2e-6 * scale
+    assert max_difference(alone, batched) <= 2e-6 * scale
 
 
 def test_a_hidden_read_returns_the_state_its_label_logits_come_from(model, ids) -> None:

@@ -1,13 +1,17 @@
+import math
+
 import numpy as np
 import torch
 
 from slotread.engines.base import Slot
-from slotread.engines.scores import score_slot_rows, score_slots
+from slotread.engines.scores import OutputHead, score_slot_rows, score_slots
+
+IDENTITY = OutputHead(torch.eye(4))  # hidden states are their own logits
 
 
 def test_scores_match_a_float64_softmax_by_hand():
     logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 4.0, 1.0, 1.0]])
-    first, second = score_slots(logits, [(Slot(0, (0, 1)),), (Slot(3, (1, 2, 1)),)])
+    first, second = score_slots(logits, logits, [(Slot(0, (0, 1)),), (Slot(3, (1, 2, 1)),)], IDENTITY)
 
     probs = np.exp(logits.double().numpy())
     probs /= probs.sum(axis=1, keepdims=True)
@@ -24,8 +28,8 @@ def test_scores_match_a_float64_softmax_by_hand():
 def test_one_row_per_slot_regroups_by_request():
     logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 4.0, 1.0, 1.0], [1.0, 1.0, 5.0, 0.0]])
     slots = [(Slot(0, (0, 1)), Slot(4, (1, 2))), (Slot(2, (2, 3)),)]
-    two_slots, one_slot = score_slot_rows(logits, slots)
-    rows = score_slots(logits, [(slot,) for request in slots for slot in request])
+    two_slots, one_slot = score_slot_rows(logits, logits, slots, IDENTITY)
+    rows = score_slots(logits, logits, [(slot,) for request in slots for slot in request], IDENTITY)
     np.testing.assert_array_equal(two_slots.logits[0], [2.0, 0.5])
     np.testing.assert_array_equal(two_slots.logits[1], [4.0, 1.0])
     np.testing.assert_array_equal(one_slot.logits[0], [5.0, 0.0])
@@ -37,10 +41,36 @@ def test_one_row_per_slot_regroups_by_request():
 
 def test_a_row_without_slots_scores_empty_and_a_row_with_two_shares_its_normaliser():
     logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 4.0, 1.0, 1.0]])
-    none, two = score_slots(logits, [(), (Slot(0, (0, 1)), Slot(1, (2, 3, 2)))])
+    none, two = score_slots(logits, logits, [(), (Slot(0, (0, 1)), Slot(1, (2, 3, 2)))], IDENTITY)
     assert none.logits == () and none.label_mass == ()
     probs = torch.softmax(logits[1].double(), dim=-1).numpy()
     assert abs(two.label_mass[0] - (probs[0] + probs[1])) < 1e-6
     assert abs(two.label_mass[1] - (probs[2] + probs[3])) < 1e-6  # the repeated id once
     assert two.argmax_id == (1, 1) and two.log_normalizer[0] == two.log_normalizer[1]
     np.testing.assert_array_equal(two.logits[1], [1.0, 1.0, 1.0])
+
+
+def test_label_logits_are_exact_where_the_bfloat16_vocabulary_rounds_them():
+    # 16 + 2**-7 needs 12 significant bits; bfloat16 keeps 8, so its projection gives 16 for both labels.
+    head = OutputHead(torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]], dtype=torch.bfloat16))
+    hidden = torch.tensor([[16.0, 2**-7]], dtype=torch.bfloat16)
+    vocabulary = head.vocabulary(hidden)
+    assert vocabulary[0, :2].tolist() == [16.0, 16.0]
+
+    (scores,) = score_slots(vocabulary, hidden, [(Slot(0, (0, 1)),)], head)
+
+    np.testing.assert_array_equal(scores.logits[0], np.array([16.0, 16.0078125], dtype=np.float32))
+    # the diagnostics see the exact label logits: label 1 is the argmax, and the mass is theirs
+    assert scores.argmax_id == (1,) and scores.argmax_logit == (16.0078125,)
+    total = math.log(math.exp(16.0) + math.exp(16.0078125) + math.exp(float(vocabulary[0, 2])))
+    assert abs(scores.log_normalizer[0] - total) < 1e-5
+    assert abs(scores.label_mass[0] - (math.exp(16.0) + math.exp(16.0078125)) / math.exp(total)) < 1e-6
+
+
+def test_the_head_applies_bias_scale_and_softcap_in_order():
+    head = OutputHead(torch.tensor([[2.0, 1.0], [0.0, -1.0]]), torch.tensor([0.5, 1.0]), scale=0.25, softcap=3.0)
+    hidden = torch.tensor([[1.0, 4.0]])
+    # id 0: 3 * tanh(0.25 * (2 + 4 + 0.5) / 3); id 1: 3 * tanh(0.25 * (-4 + 1) / 3)
+    expected = [3 * math.tanh(0.25 * 6.5 / 3), 3 * math.tanh(0.25 * -3 / 3)]
+    np.testing.assert_allclose(head.vocabulary(hidden)[0].numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(head.at(hidden.expand(2, -1), torch.tensor([0, 1])).numpy(), expected, rtol=1e-6)
