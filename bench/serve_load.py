@@ -493,6 +493,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "serve_load")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    # the servers run in sessions of their own: a SIGTERM (timeout) must still reach the ``finally`` that stops them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     for topology in args.topologies:
         rows += serve_phase(args, topology, args.out)

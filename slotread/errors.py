@@ -17,6 +17,8 @@
     ├── UpstreamUnavailable        no remote replica could take a read: all down, busy or too slow (503, retry-after)
     ├── UpstreamError              a remote replica refused a read or answered it malformed: the gateway and
     │                              the replica disagree on the wire, not the caller's fault (502)
+    ├── EngineFault                the engine returned unusable scores (NaN or infinite label logits): a fault
+    │                              of the engine or the model, never of the request (500, logged)
     ├── EvalError                  an evaluation cannot run: a dataset that is missing or malformed
     │                              (says where it looked), or a run folder holding another run
     ├── CalibrationError           a calibration artifact cannot be read, or two claim one question;
@@ -143,6 +145,11 @@ class UpstreamError(SlotreadError):
     A read the gateway built from a valid request should never be refused, so this is not retried on
     another replica: it would be refused there too.
     """
+
+
+class EngineFault(SlotreadError):
+    """The engine returned label logits that are not finite; the message names the question. Answering with
+    them would put NaN in the response (no JSON encoder takes it), so the decision stops here."""
 
 
 class EvalError(SlotreadError):

@@ -28,7 +28,7 @@ from slotread.core.assignments import listing_order, shifts, to_option_order
 from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Decision, Question
 from slotread.engines.base import Engine, ReadRequest, SlotScores
-from slotread.errors import PromptTooLong
+from slotread.errors import EngineFault, PromptTooLong
 from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
 
 #: What each answer goes through before later stages and the caller see it (``slotread.quality``).
@@ -139,7 +139,10 @@ def _answers(units: list[_Unit]) -> list[Answer]:
             )
     answers = []
     for qid, question_reads in reads.items():
-        per_read = softmax(np.stack([read.logits for read in question_reads]))
+        logits = np.stack([read.logits for read in question_reads])
+        if not np.isfinite(logits).all():
+            raise EngineFault(f"the engine returned non-finite label logits for question {qid!r} (NaN or infinity)")
+        per_read = softmax(logits)
         answers.append(Answer(questions[qid], aggregate_reads(per_read), tuple(question_reads)))
     return answers
 

@@ -181,7 +181,7 @@ class DiffusionGemmaEngine:
             boundaries, deferred = self._encode_all(requests)
             joint = [index for index, request in enumerate(requests) if request.prompt_ids in deferred]
             for chunk in self._joint_chunks(joint, requests, deferred, boundaries):
-                for part in self._graphable(chunk, requests, deferred):
+                for part in self._graphable(chunk, requests, deferred, boundaries):
                     batch = [requests[i] for i in part]
                     logits, hidden = self._joint_slot_logits(batch, deferred, boundaries)
                     scores.update(zip(part, self._scored(batch, logits, hidden), strict=True))
@@ -368,8 +368,7 @@ class DiffusionGemmaEngine:
             return len(ids) - deferred[ids]
 
         def parent(prompt: int) -> int:
-            ids = requests[prompt].prompt_ids
-            return id(boundaries[ids][deferred[ids]])
+            return id(_parent(requests[prompt], deferred, boundaries))
 
         chunk: list[int] = []  # prompts
         canvases = tokens = 0
@@ -390,19 +389,20 @@ class DiffusionGemmaEngine:
         if chunk:
             yield [index for p in sorted(chunk, key=parent) for index in reads[p]]
 
-    def _graphable(self, chunk: list[int], requests: list[ReadRequest], deferred: dict[Ids, int]) -> list[list[int]]:
+    def _graphable(
+        self,
+        chunk: list[int],
+        requests: list[ReadRequest],
+        deferred: dict[Ids, int],
+        boundaries: dict[Ids, dict[int, PrefixKV]],
+    ) -> list[list[int]]:
         """A joint chunk (prompts continuing one parent adjacent) as one forward per parent where CUDA graphs
         run: a graph replays forwards of one parent only, and eager forwards over a few canvases are
         bound by their ~1,500 launches (165 ms for 3 parents on an H200 host, where one graph replay of
         a parent takes ~20 ms)."""
         if self._graphs is None:
             return [chunk]
-
-        def parent(index: int) -> Ids:
-            ids = requests[index].prompt_ids
-            return ids[: deferred[ids]]
-
-        return [list(run) for _, run in groupby(chunk, key=parent)]
+        return [list(run) for _, run in groupby(chunk, key=lambda i: id(_parent(requests[i], deferred, boundaries)))]
 
     def _joint_slot_logits(
         self, batch: list[ReadRequest], deferred: dict[Ids, int], boundaries: dict[Ids, dict[int, PrefixKV]]
@@ -418,7 +418,7 @@ class DiffusionGemmaEngine:
         parents: list[PrefixKV | None] = [boundaries[ids][start] for ids, start in zip(prompts, starts, strict=True)]
         new = self._new_tokens(prompts, starts, parents)
         row = {ids: k for k, ids in enumerate(prompts)}
-        sources = [(boundaries[r.prompt_ids][deferred[r.prompt_ids]], 0) for r in batch]
+        sources = [(_parent(r, deferred, boundaries), 0) for r in batch]
         canvases = self._canvases(batch, [len(request.prompt_ids) for request in batch], self._shared_parts(sources))
         own = [row[request.prompt_ids] for request in batch]
         own_rows = _on(self._model.device, own)
@@ -600,6 +600,12 @@ class DiffusionGemmaEngine:
         tokens = len(request.prompt_ids) + len(request.canvas)
         if tokens > self.max_tokens:
             raise PromptTooLong(tokens, self.max_tokens)
+
+
+def _parent(request: ReadRequest, deferred: dict[Ids, int], boundaries: dict[Ids, dict[int, PrefixKV]]) -> PrefixKV:
+    """The KV that a request's deferred last segment continues (its canvases' shared part)."""
+    ids = request.prompt_ids
+    return boundaries[ids][deferred[ids]]
 
 
 def _tied(model: DiffusionGemmaForBlockDiffusion) -> bool:

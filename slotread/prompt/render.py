@@ -80,8 +80,9 @@ Layout = Literal["schema_first", "state_first"]
 LAYOUTS: dict[Family, Layout] = {"causal": "state_first", "diffusion": "schema_first", "masked": "state_first"}
 #: Marks where a reply goes when finding what the chat template puts after one.
 _REPLY_MARK = "SLOTREAD-REPLY"
-#: Characters each side of a cut that ``Renderer._joins`` tokenises to check it (tokens here are a
-#: few characters; a pre-tokenizer splits at the whitespace our layouts put at every cut).
+#: Characters each side of a cut that ``Renderer._joins`` tokenises to check it (tokens are a few
+#: characters). Gemma's tokenizer keeps "\n\n" a token of its own, so its cuts always join; byte-level
+#: BPE (SmolLM2, Qwen) splits "\n\n" by what follows it, so the causal prompts are tokenised whole.
 _JOIN_CHARS = 32
 #: Prompt pieces whose ids a renderer keeps (instructions and schemas recur; states mostly do not).
 _PIECES_KEPT = 4096

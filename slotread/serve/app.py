@@ -30,6 +30,7 @@ from slotread.decider import Decider
 from slotread.errors import (
     AuthenticationFailed,
     BodyTooLarge,
+    EngineFault,
     InvalidRequest,
     NotReady,
     Overloaded,
@@ -114,6 +115,12 @@ async def _upstream_error(request: Request, exc: Exception) -> Response:
     return _error(502, "upstream_error", str(exc))
 
 
+async def _engine_fault(request: Request, exc: Exception) -> Response:
+    # Our bug (the engine or the model), not the caller's: a 500 that says so, and the log keeps the trace.
+    logger.error("engine fault: %s", exc, exc_info=exc)
+    return _error(500, "engine_error", str(exc))
+
+
 async def _client_gone(request: Request, exc: Exception) -> Response:
     return _error(_CLIENT_CLOSED, "client_closed_request", "the client disconnected before its turn")
 
@@ -191,6 +198,7 @@ def create_app(settings: Settings, decider: Decider | Callable[[], Decider]) -> 
         NotReady: _not_ready,
         UpstreamUnavailable: _upstream_unavailable,
         UpstreamError: _upstream_error,
+        EngineFault: _engine_fault,
         ClientGone: _client_gone,
         HTTPException: _http_error,
         Exception: _internal_error,

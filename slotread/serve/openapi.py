@@ -91,7 +91,11 @@ def json_responses(model: type[BaseModel], namespace: str) -> tuple[dict[str, An
     responses: dict[str, Any] = {
         "200": {"description": "the answers", "content": _json(answer)},
         "422": {"description": "the request is malformed: every problem, located", "content": _json(failed)},
-        "500": {"description": "a bug (logged)", "content": {"text/plain": {"schema": {"type": "string"}}}},
+        "500": {
+            "description": "a bug (logged): plain text, or the error body with error_type engine_error when the "
+            "model's scores were unusable",
+            "content": {"text/plain": {"schema": {"type": "string"}}, **_json(error)},
+        },
     }
     for status, (when, retry) in _ERRORS.items():
         responses[status] = {

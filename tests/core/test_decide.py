@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from slotread.core.assignments import shifts
 from slotread.core.decide import decide, question_text
 from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
-from slotread.errors import PromptTooLong, UnknownModel
+from slotread.errors import EngineFault, PromptTooLong, UnknownModel
 from slotread.models.load import LoadedModel
 from slotread.prompt.render import Renderer
 
@@ -348,3 +349,24 @@ def test_ask_reads_the_named_questions_and_what_they_need(smollm2: LoadedModel) 
     full = answers(decider, questions)
     assert got["urgent"]["noul"] == pytest.approx(full["urgent"]["noul"], abs=1e-4)  # batch rounding only
     assert got["why"]["probabilities"] == pytest.approx(full["why"]["probabilities"], abs=1e-4)
+
+
+class NanEngine:
+    """A real engine whose first slot of every read comes back NaN, as a faulty kernel would return it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.family = engine.family
+        self.noisy = engine.noisy
+        self.max_tokens = engine.max_tokens
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        scores = self.engine.read(requests)
+        return [replace(s, logits=(np.full_like(s.logits[0], np.nan), *s.logits[1:])) for s in scores]
+
+
+def test_non_finite_logits_stop_the_decision_naming_the_question(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    decider.engine = NanEngine(decider.engine)
+    with pytest.raises(EngineFault, match="non-finite label logits for question 'urgent'"):
+        decider.decide({"state": STATE, "questions": {"urgent": QUESTIONS["urgent"]}})

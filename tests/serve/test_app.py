@@ -235,3 +235,16 @@ def test_metrics_count_the_engines_work(tiny_diffusion: LoadedModel) -> None:
     assert values["slotread_engine_prefix_cache_misses_total"] > 0
     assert values["slotread_engine_graph_captures_total"] == 0  # no CUDA here
     assert values["process_cpu_seconds_total"] > 0
+
+
+def test_an_engine_fault_is_a_500_that_says_so(smollm2: LoadedModel) -> None:
+    from tests.core.test_decide import NanEngine
+
+    decider = Decider(smollm2)
+    decider.engine = NanEngine(decider.engine)
+    with live_server(create_app(Settings(), decider)) as live, live.client() as client:
+        response = client.post("/v1/systemone", json=REQUEST)
+        after = client.get("/healthz")  # the connection and the server carry on
+    assert response.status_code == 500 and after.status_code == 200
+    detail = response.json()["detail"]
+    assert detail["error_type"] == "engine_error" and "non-finite label logits" in detail["message"]
