@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     #: bytes of prompt KV the engine keeps (a 1,600-token prompt of DiffusionGemma 26B-A4B holds
     #: ~240 MB); None: 1 GiB on the CPU, half the device memory free after loading on a GPU
     prefix_cache_bytes: int | None = Field(None, ge=0)
-    #: canvases (rows) of one forward; None: the engine's default on the CPU (16-32), 128 on a GPU
+    #: canvases (rows) of one forward; None: the engine's default on the CPU (causal 1, so an answer is
+    #: bit-identical in any batch; masked 16; DiffusionGemma 32), 128 on a GPU
     max_batch: int | None = Field(None, ge=1, le=4096)
     #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
     api_keys: Path | None = None

@@ -15,7 +15,8 @@ A read is one forward over ``prompt + canvas``:
 
 ``prompt`` is split into segments: an engine may cache the KV of every prefix that ends on a
 segment boundary (for example the system text, then the state), so reads sharing those segments
-share that work. Splitting changes nothing in the result.
+share that work. Splitting changes the result by float rounding only; the engines encode a prompt
+segment by segment, so the same segments give the same KV whether or not they were cached.
 """
 
 from __future__ import annotations
@@ -80,7 +81,12 @@ class HashedIds(tuple[int, ...]):
 class SlotScores:
     """What a read returns, per slot in request order.
 
-    ``logits[i]`` holds the float32 logits of slot i's label ids (same order as ``label_ids``);
+    ``logits[i]`` holds the float32 logits of slot i's label ids (same order as ``label_ids``), exact: the
+    in-process engines compute them apart from the vocabulary projection, from the slot's hidden state
+    and the output embedding's rows of those ids, summed in float64 (``engines/scores.py``), so a
+    bfloat16 model's labels are not rounded to its 8-bit steps (a remote engine returns what its
+    server computed). The vocabulary diagnostics come from the full-vocabulary logits in the model's
+    dtype, with the label columns replaced by the exact values:
     ``label_mass[i]`` is the probability the full vocabulary softmax puts on those labels together;
     ``argmax_is_label[i]`` says whether the vocabulary argmax at the slot is one of the labels;
     ``argmax_id[i]`` and ``argmax_logit[i]`` are that argmax token and its logit, and
@@ -106,9 +112,13 @@ class Engine(Protocol):
 
     ``read`` returns one ``SlotScores`` per request, in order. Results are deterministic for a fixed
     seed and a fixed batch, and a request's result does not depend on the other requests in the call
-    beyond float rounding: in float32 on the CPU within 1e-5 on the tiny test models and within about
-    1e-6 of the logit size on real weights (matrix kernels round differently per batch shape; 1.2e-5
-    on SmolLM2's logits near 20), which moves answer probabilities by less than 1e-5.
+    or on what the engine cached beyond float rounding, which matrix kernels do differently per batch
+    shape. Each engine's docstring gives its tolerance; in short, on the CPU (same torch build and
+    thread count): the causal engine is bit-identical in any batch and cache state at its default of
+    one row per forward; batched rows (causal with ``max_batch_rows`` > 1, masked, DiffusionGemma) are
+    within 1e-5 in float32 on the tiny test models and about 1e-6 of the logit size on real weights
+    (1.2e-5 on SmolLM2's logits near 20), and move further in bfloat16; DiffusionGemma's cold and warm
+    reads differ by float rounding too (a new last segment is encoded with its canvases).
     """
 
     family: Family

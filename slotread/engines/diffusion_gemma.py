@@ -35,6 +35,10 @@ Tolerance: a read's result does not depend on the other requests of the call, on
 cache state beyond float rounding: within 1e-5 in float32 on the CPU (tests measure it). In bfloat16
 batch composition moves logits far more (2.5 on random 26B-A4B weights through the library's own
 path, bench/RESULTS.md); ``deterministic=True`` reads every canvas alone, bit-identical in any batch.
+The cache state matters through ``joint_encode`` only: a prompt whose last segment is not cached has
+it encoded in the canvases' forward, one that finds it cached reads its stored KV, and the two round
+differently (float32: 1.3e-6 on the tiny model's logits near 3; bfloat16: up to 0.5 there, random
+weights amplifying it). With ``joint_encode=False`` a cold and a warm read are bit-identical on the CPU.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The server runs several decisions in worker threads; each calls ``Engine.read`` for its stages.
 ``BatchingEngine`` wraps the model's engine and lets one call run at a time (the engines' prefix
 caches are not thread-safe), and a thread that finds the engine free reads everything queued
-meanwhile in one batch. Batching across requests is exact up to float rounding: the engine contract
-says a read does not depend on its batch neighbours (within 1e-5 in float32 on the CPU).
+meanwhile in one batch. Batching across requests changes no answer beyond the engine's tolerance
+(``engines/base.py``): on the CPU the causal engine's answers are bit-identical in any batch.
 
 If a merged batch raises, every request of it is read again alone, so one failing read cannot fail
 its neighbours' decisions.

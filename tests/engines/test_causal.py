@@ -361,3 +361,24 @@ def test_a_hidden_read_returns_the_state_its_label_logits_come_from(model, ids) 
         states = model(input_ids=torch.tensor([fed]), output_hidden_states=True).hidden_states
     assert results[0].hidden is not None
     np.testing.assert_allclose(results[0].hidden[0], states[-1][0, -1].numpy(), atol=1e-5, rtol=0)
+
+
+def test_bfloat16_label_logits_are_exact_not_rounded_to_bfloat16(ids) -> None:
+    """The label logits of a bfloat16 model come from its hidden state and the label rows summed in float64."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS["gemma3"], dtype=torch.bfloat16).eval()
+    request = ReadRequest(
+        prompt=(ids(10), ids(6)), canvas=(*ids(4), 0), slots=(Slot(4, tuple(range(40))),), hidden=True
+    )
+
+    (result,) = CausalEngine(model).read([request])
+
+    assert result.hidden is not None
+    hidden = torch.from_numpy(result.hidden[0]).double()  # the bfloat16 state, widened exactly
+    rows = model.get_output_embeddings().weight[:40].detach().double()
+    cap = 2.0  # the gemma3 config's softcap
+    expected = (cap * torch.tanh(rows @ hidden / cap)).float().numpy()
+    np.testing.assert_array_equal(result.logits[0], expected)
+    # lm_head in bfloat16, widened after, would sit on bfloat16's grid; these do not
+    on_grid = torch.from_numpy(result.logits[0]).bfloat16().float().numpy() == result.logits[0]
+    assert on_grid.sum() <= 2

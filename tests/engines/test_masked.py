@@ -99,7 +99,7 @@ def test_slot_logits_match_a_plain_forward(loaded: LoadedModel, ids: Draw) -> No
     assert worst_mass <= 1e-4
 
 
-@pytest.mark.parametrize("max_batch_rows", [16, 2])
+@pytest.mark.parametrize("max_batch_rows", [16, 2, 1])
 def test_a_read_is_the_same_alone_and_in_a_padded_batch(loaded: LoadedModel, ids: Draw, max_batch_rows: int) -> None:
     batch = [
         make_request(ids, (12,), canvas=10, positions=(4,)),
@@ -114,7 +114,7 @@ def test_a_read_is_the_same_alone_and_in_a_padded_batch(loaded: LoadedModel, ids
         alone = alone_engine.read([request])[0]
         difference = max_difference(alone, result)
         print(f"{len(request.prompt_ids) + len(request.canvas)} tokens: max difference {difference:.3g}")
-        assert difference <= 1e-5
+        assert difference <= (0 if max_batch_rows == 1 else 1e-5)  # one row per forward: the same bits
         np.testing.assert_allclose(alone.label_mass, result.label_mass, rtol=1e-5)
         assert alone.argmax_id == result.argmax_id
 
