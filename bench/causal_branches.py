@@ -1,4 +1,4 @@
-"""Milliseconds per decision for the causal engine's branch reads, three ways.
+"""Milliseconds per decision for the causal engine's branch reads, four ways.
 
 A decision is ``--branches`` questions on one state: each branch is a ``--prefix``-token shared
 prompt prefix plus a ``--suffix``-token branch of its own (question and reply prefix), read at its
@@ -6,7 +6,9 @@ last token. ``--decisions`` decisions go to the engine together:
 
 * naive: one full forward per branch over prefix + suffix (``logits_to_keep=1``), no cache;
 * grouped by prefix: one ``read`` per decision (its rows share one prefix: an ``expand`` view);
-* batched, left-padded: one ``read`` for all decisions (rows hold different prefixes).
+* batched, left-padded: one ``read`` for all decisions (rows hold different prefixes);
+* row by row: one ``read`` for all decisions with the engine's default of one row per forward
+  (what keeps an answer bit-identical in any batch).
 
 "cold" starts from an empty prefix cache (the prefix is encoded once per decision); "warm" has the
 prefixes cached already (only the branches run). Prints a table and the largest logit difference
@@ -14,7 +16,7 @@ between the engine and the naive forward. Modes run interleaved, round after rou
 round counts: other processes on a shared machine only ever add time.
 
     python bench/causal_branches.py                                  # tiny random Qwen2
-    python bench/causal_branches.py --gguf /path/qwen15.gguf --decisions 2 --repeats 2
+    python bench/causal_branches.py --gguf /path/qwen15.gguf --decisions 2 --repeats 2 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -47,10 +49,10 @@ class Mode:
     before: Callable[[], object] = lambda: None
 
 
-def load(gguf: Path | None) -> PreTrainedModel:
-    """The GGUF model in float32, or a small random Qwen2 when no file is given."""
+def load(gguf: Path | None, dtype: torch.dtype) -> PreTrainedModel:
+    """The GGUF model, or a small random Qwen2 when no file is given."""
     if gguf is not None:
-        return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=32000,
@@ -61,7 +63,7 @@ def load(gguf: Path | None) -> PreTrainedModel:
         num_key_value_heads=2,
         max_position_embeddings=2048,
     )
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def decisions(args: argparse.Namespace, vocab: int) -> list[list[ReadRequest]]:
@@ -116,12 +118,14 @@ def main() -> None:
     parser.add_argument("--jitter", type=int, default=0, help="vary each prefix and question length by ±N")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; each times every mode once")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     start = time.perf_counter()
-    model = load(args.gguf).eval()
+    model = load(args.gguf, getattr(torch, args.dtype)).eval()
     engine = CausalEngine(model, max_batch_rows=64)
+    alone = CausalEngine(model)
     print(f"{type(model).__name__} loaded in {time.perf_counter() - start:.1f} s; {args}")
     groups = decisions(args, model.config.get_text_config().vocab_size)
     flat = [request for group in groups for request in group]
@@ -137,18 +141,26 @@ def main() -> None:
         float(np.abs(scores.logits[0] - expected).max()) for scores, expected in zip(batched(), reference, strict=True)
     )
 
+    def row_by_row() -> list[SlotScores]:
+        return alone.read(flat)
+
     def cold() -> None:
         engine.prefix_cache.clear()
 
+    def cold_alone() -> None:
+        alone.prefix_cache.clear()
+
     def warm() -> None:  # the cold runs before leave every decision's prefix cached
-        assert len(engine.prefix_cache) == args.decisions
+        assert len(engine.prefix_cache) == len(alone.prefix_cache) == args.decisions
 
     modes = [
         Mode("naive full forward per branch", "-", lambda: naive(model, flat)),
         Mode("grouped by prefix", "cold", grouped, cold),
         Mode("batched, left-padded", "cold", batched, cold),
+        Mode("row by row", "cold", row_by_row, cold_alone),
         Mode("grouped by prefix", "warm", grouped, warm),
         Mode("batched, left-padded", "warm", batched, warm),
+        Mode("row by row", "warm", row_by_row, warm),
     ]
     seconds = interleaved(modes, args.repeats)
     naive_best = min(seconds[0])
