@@ -40,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -237,7 +238,9 @@ async def drive(url: str, workload: str, concurrency: int, seconds: float, seed:
     latencies: list[float] = []
     statuses: Counter[str] = Counter()
     tokens: list[int] = []
-    deadline = time.perf_counter() + seconds
+    begun = time.perf_counter()
+    deadline = begun + seconds
+    finished: list[float] = []  # seconds into the run at which each 200 came back
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def worker(index: int, client: httpx.AsyncClient) -> None:
@@ -253,6 +256,7 @@ async def drive(url: str, workload: str, concurrency: int, seconds: float, seed:
             statuses[str(response.status_code)] += 1
             if response.status_code == 200:
                 latencies.append(time.perf_counter() - started)
+                finished.append(time.perf_counter() - begun)
                 tokens.append(response.json()["usage"]["input_tokens"])
             elif "retry-after-ms" in response.headers:
                 await asyncio.sleep(float(response.headers["retry-after-ms"]) / 1000)
@@ -261,7 +265,16 @@ async def drive(url: str, workload: str, concurrency: int, seconds: float, seed:
         started = time.perf_counter()
         await asyncio.gather(*(worker(i, client) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
-    return {"latencies": latencies, "statuses": dict(statuses), "elapsed": elapsed, "tokens": tokens}
+    per_second = [0] * (int(seconds) + 1)
+    for at in finished:
+        per_second[min(int(at), len(per_second) - 1)] += 1
+    return {
+        "latencies": latencies,
+        "statuses": dict(statuses),
+        "elapsed": elapsed,
+        "tokens": tokens,
+        "per_second": per_second,
+    }
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -283,9 +296,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A ``slotread`` subcommand as its own process (in its own session, so it can be stopped whole)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "slotread.cli", *command],
@@ -354,18 +367,26 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     processes = []
+    replicas: list[subprocess.Popen[bytes]] = []  # the gateway's engines
     common = ["--model", args.model]
     try:
         if topology == "gateway":
-            engine_port = free_port()
-            engine_log = out / "engine.log"
-            engine = start(
-                ["engine", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(engine_port)],
-                engine_log,
-            )
-            processes.append(engine)
-            wait_ready(f"http://127.0.0.1:{engine_port}", engine, engine_log, "/healthz")
-            command = ["serve", *common, "--upstream", f"http://127.0.0.1:{engine_port}", "--port", str(port)]
+            upstreams = []
+            for replica in range(args.replicas):
+                engine_port = free_port()
+                engine_log = out / f"engine-{replica}.log"
+                # one GPU each where there are several
+                env = {"CUDA_VISIBLE_DEVICES": str(replica)} if args.replicas > 1 and args.device == "cuda" else {}
+                engine = start(
+                    ["engine", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(engine_port)],
+                    engine_log,
+                    env,
+                )
+                processes.append(engine)
+                replicas.append(engine)
+                wait_ready(f"http://127.0.0.1:{engine_port}", engine, engine_log, "/healthz")
+                upstreams += ["--upstream", f"http://127.0.0.1:{engine_port}"]
+            command = ["serve", *common, *upstreams, "--port", str(port)]
         else:
             command = ["serve", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(port)]
         log = out / f"{topology}.log"
@@ -377,6 +398,13 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
         rows = []
         for workload in args.workloads:
             for concurrency in args.concurrency:
+                if replicas and args.kill_replica_after is not None and len(replicas) > 1:
+                    # the last replica dies mid-run (SIGKILL, as a crash), once: later rows run on the rest
+                    victim = replicas.pop()
+                    kill_at = args.warmup + args.kill_replica_after
+                    threading.Timer(
+                        kill_at, lambda v=victim: v.poll() is None and os.killpg(v.pid, signal.SIGKILL)
+                    ).start()
                 client = subprocess.run(
                     [
                         sys.executable,
@@ -400,6 +428,11 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                 result = json.loads(client.stdout.strip().splitlines()[-1])
                 (out / f"{topology}-{workload}-c{concurrency}.json").write_text(json.dumps(result))
                 rows.append(row(topology, workload, concurrency, result, args))
+                if args.kill_replica_after is not None and topology == "gateway":
+                    print(
+                        f"{topology} {workload} c={concurrency} decisions per second: {result['per_second']}",
+                        file=sys.stderr,
+                    )
                 print(rows[-1], file=sys.stderr, flush=True)
         return rows
     finally:
@@ -486,6 +519,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per row")
     parser.add_argument("--warmup", type=float, default=10.0, help="untimed seconds before each row")
     parser.add_argument("--topologies", default="serve", type=lambda s: s.split(","), help="serve,gateway")
+    parser.add_argument("--replicas", type=int, default=1, help="slotread engine processes behind the gateway")
+    parser.add_argument(
+        "--kill-replica-after",
+        type=float,
+        default=None,
+        help="gateway with 2+ replicas: kill the last replica this many seconds into the first row's timed phase",
+    )
     parser.add_argument("--engine-only", action="store_true", help="then time Engine.read alone on the same reads")
     parser.add_argument("--engine-batches", type=int, default=5, help="timed batches per engine-only row")
     parser.add_argument("--active-params", type=float, default=3.8e9, help="active parameters per token")

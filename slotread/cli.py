@@ -744,7 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefix-cache-mb",
         type=int,
         default=None,
-        help="MiB of prompt KV the engine keeps (default: 1024 on the CPU, half the free device memory on a GPU)",
+        help="MiB of prompt KV the engine keeps (default: 512-1024 on the CPU, half the free device memory on a GPU)",
     )
     serve.add_argument(
         "--max-batch",

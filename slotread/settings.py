@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     #: dtype of the weights
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     #: bytes of prompt KV the engine keeps (a 1,600-token prompt of DiffusionGemma 26B-A4B holds
-    #: ~240 MB); None: 1 GiB on the CPU, half the device memory free after loading on a GPU
+    #: ~240 MB); None: the engine's own on the CPU (512 MiB causal, 1 GiB DiffusionGemma), half the
+    #: device memory free after loading on a GPU
     prefix_cache_bytes: int | None = Field(None, ge=0)
     #: canvases (rows) of one forward; None: the engine's default on the CPU (causal 1, so an answer is
     #: bit-identical in any batch; masked 16; DiffusionGemma 32), 128 on a GPU
@@ -55,7 +56,7 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(2.0, gt=0)
     #: decisions running at once; their reads are merged into one engine batch at a time. On a 2-core
     #: CPU two at once gave the same throughput as one at twice the latency (bench/load.py, the
-    #: default model), so 1; raise it where batches are cheap (a GPU). With upstreams the default is
+    #: default model), so 1; on a GPU, where batches are cheap, 32 (``GPU_DEFAULTS``). With upstreams the default is
     #: GATEWAY_CONCURRENCY: a gateway's decisions wait on the network, and the replicas batch them
     max_concurrency: int = Field(1, ge=1, le=256)
     #: decisions waiting for a slot; one more is answered 529 at once

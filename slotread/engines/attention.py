@@ -146,13 +146,24 @@ def attend_runs(
 def heads_ok(query: torch.Tensor, keys: torch.Tensor, causal: bool, left: int | None) -> bool:
     """Whether ``attend_heads`` runs these inputs here (and ``attend_runs``, asked with ``causal``
     False and ``left`` None): bfloat16 or half on a GPU with ``USE_FLASH``;
-    flash up to head size 256 with ``left`` None or >= 0; above that, causal without a window over as
+    flash up to head size 256 where ``window_fits``; above that, causal without a window over as
     many keys as queries."""
     if not (USE_FLASH and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)):
         return False
     if query.shape[-1] <= FLASH_MAX_HEAD_DIM:
-        return (left is None or left >= 0) and _flash_ok(query.shape[-1])
+        return window_fits(query.shape[1], keys.shape[1], causal, left) and _flash_ok(query.shape[-1])
     return causal and left is None and query.shape[1] == keys.shape[1] and _fused_ok(query.shape[-1])
+
+
+def window_fits(queries: int, keys: int, causal: bool, left: int | None) -> bool:
+    """Whether flash attention's window means ``attend_heads``'s rule for ``queries`` against ``keys``: a
+    ``left`` of 0 or more, and, without ``causal``, no more queries than keys or a window that reaches
+    every key (flash then drops it, as the rule would see every key anyway). Flash bounds a windowed
+    query on the right too, at ``keys`` past its diagonal (a right bound of -1 becomes the key count),
+    so with more queries than keys the first queries see no key at all and flash returns an infinite
+    LSE, which the merge turns into NaN: seen on an H200 for a 937-token segment after a 163-token
+    parent (a 77-option question after short instructions)."""
+    return left is None or left >= keys or (left >= 0 and (causal or queries <= keys))
 
 
 def grouped(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
