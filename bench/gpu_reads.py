@@ -10,14 +10,16 @@ the GPU (no download) and times, on the same inputs:
   canvas position in float32 (the library's own forward for (a));
 * slotread: ``DiffusionGemmaEngine.read`` with its prefix cache;
 * two forwards ((b) and (d)): the same engine with ``joint_encode=False``, which encodes each new
-  state in a forward of its own before the forward of its canvases.
+  state in a forward of its own before the forward of its canvases;
+* deterministic ((c) at batch 1 and 64, (d)): the engine's ``deterministic`` mode, batch-invariant
+  kernels (``engines/invariant.py``); before timing, its reads are compared bit for bit alone, in a
+  mixed batch of 64, cold and warm.
 
 Scenarios: (a) no prefix reuse, 1600-token prompts, 64-token canvases; (b) a shared 1500-token schema
 prefix (cached) + 100 own tokens per read; (c) prompt cached, canvas only (K noise draws of one
 prompt); (d) 3-question decisions: a 100-token state after a shared, cached 1500-token schema, read
 by 3 isolated 16-token canvases (one per question, own seeds), at concurrency 1 and 32 (the server's
-batcher hands concurrent decisions' reads to one ``read``). (c) also runs the engine's deterministic
-mode, which reads every canvas alone.
+batcher hands concurrent decisions' reads to one ``read``).
 
 Reads/s = batch / median batch time; p50/p99 are per batch (every read in a batch waits for it).
 The ceiling is the FLOPs a read needs at 40% of the bf16 peak measured here. Before timing, the
@@ -37,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig, DynamicCache
 
@@ -243,7 +246,7 @@ def main() -> None:
     check_bf16(engine, naive, [canvas_read(cached_prompt, 64, seed) for seed in range(8)], cached=2)
     check_bf16(engine, naive, [canvas_read((schema[1], ids(generator, 100)), 64, seed) for seed in range(8)], cached=1)
     check_mixed(engine, cached_prompt, canvas_read, generator)
-    check_mixed(strict, cached_prompt, canvas_read, generator)
+    check_invariant(strict, schema[0], canvas_read, generator)
     check_graphs(engine, cached_prompt, canvas_read, generator)
 
     if args.profile:
@@ -289,7 +292,7 @@ def main() -> None:
             ("deterministic", strict.read),
         ]
         for label, read in paths:
-            if label == "deterministic" and not (name.startswith("(c)") and batch in (1, 64)):
+            if label == "deterministic" and not (name.startswith("(d)") or batch in (1, 64)):
                 continue
             if label == "two forwards" and not name.startswith(("(b)", "(d)")):
                 continue
@@ -592,6 +595,39 @@ def replayed(engine: DiffusionGemmaEngine, requests: list[ReadRequest]) -> list[
     if graphs is None or graphs.replays == before:
         raise SystemExit("CUDA graphs: the graphed read ran eagerly (see the warning above)")
     return scores
+
+
+def check_invariant(strict: DiffusionGemmaEngine, schema: tuple[int, ...], canvas_read, generator) -> None:
+    """The deterministic engine's reads compared bit for bit (every label logit): a read whose state is new
+    (cold: encoded in this call), the same read again (warm), and inside a batch of 64 with new and cached
+    states of other lengths and other canvases; and a read first made cold inside such a batch, then
+    alone."""
+
+    def batch_around(read: ReadRequest, cold: bool) -> list[ReadRequest]:
+        others = [canvas_read((schema, ids(generator, 60 + 7 * k)), 16 + 16 * (k % 4), 100 + k) for k in range(63)]
+        if not cold:
+            strict.read(others[::2])  # half of them cached
+        return [*others[:30], read, *others[30:]]
+
+    def logits(scores: list[SlotScores]) -> list[np.ndarray]:
+        return [slot_logits for result in scores for slot_logits in result.logits]
+
+    one = canvas_read((schema, ids(generator, 100)), 16, 7)
+    cold = strict.read([one])
+    warm = strict.read([one])
+    mixed = strict.read(batch_around(one, cold=False))[30:31]
+    other = canvas_read((schema, ids(generator, 100)), 16, 8)
+    cold_mixed = strict.read(batch_around(other, cold=True))[30:31]
+    warm_alone = strict.read([other])
+    pairs = {
+        "cold alone vs warm alone": (cold, warm),
+        "alone vs in a mixed batch of 64": (warm, mixed),
+        "cold in a batch of 64 vs warm alone": (cold_mixed, warm_alone),
+    }
+    for name, (a, b) in pairs.items():
+        same = all(np.array_equal(x, y) for x, y in zip(logits(a), logits(b), strict=True))
+        delta = max(float(np.abs(x - y).max()) for x, y in zip(logits(a), logits(b), strict=True))
+        print(f"bf16, {strict.mode}: {name}: bit-identical {same} (max |Δ logit| {delta:.3g})", flush=True)
 
 
 def check_mixed(engine: DiffusionGemmaEngine, prompt: tuple[tuple[int, ...], ...], canvas_read, generator) -> None:

@@ -47,6 +47,7 @@ def _decide(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         device=args.device,
         dtype=getattr(torch, args.dtype),
+        deterministic=args.deterministic,
         calibration_dir=args.calibration,
         readout_dir=args.readout,
         example_banks=[_read_example_bank(path) for path in args.example_bank],
@@ -213,6 +214,7 @@ def _serve(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "prefix_cache_bytes": None if args.prefix_cache_mb is None else args.prefix_cache_mb * 2**20,
         "max_batch": args.max_batch,
+        "deterministic": True if args.deterministic else None,
         "queue_size": args.queue_size,
         "max_concurrency": args.max_concurrency,
         "request_deadline_s": args.request_deadline,
@@ -257,6 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
                 dtype=getattr(torch, settings.dtype),
                 prefix_cache_bytes=settings.prefix_cache_bytes,
                 max_batch=settings.max_batch,
+                deterministic=settings.deterministic,
                 max_questions=settings.max_questions,
                 max_samples=settings.max_samples,
                 max_permutations=settings.max_permutations,
@@ -321,7 +324,7 @@ def _engine(args: argparse.Namespace) -> int:
             print(f"slotread engine: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
             return 1
         loaded = load_model(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
-        served = ServedEngine.from_loaded(loaded)
+        served = ServedEngine.from_loaded(loaded, deterministic=args.deterministic)
         # Connections are refused until the model is loaded, then queue until uvicorn accepts them.
         sock.listen(2048)
         config = uvicorn.Config(
@@ -728,6 +731,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="example bank serving x_examples, x_shortlist and readouts fitted with --vote or --lexical "
         "(as slotread serve takes it); repeatable",
     )
+    decide.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="the answer slotread serve --deterministic gives (see there)",
+    )
     decide.set_defaults(run=_decide)
 
     serve = commands.add_parser("serve", help="serve System One and OpenAI Decisions over HTTP")
@@ -752,6 +760,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="canvases (rows) of one forward (default on the CPU: 1 for causal models, whose answers are then "
         "bit-identical in any batch, 16 masked, 32 DiffusionGemma; 128 on a GPU)",
+    )
+    serve.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="answers bit-identical alone, in any burst and any cache state (answers say x_deterministic); "
+        "DiffusionGemma on a GPU runs batch-invariant kernels, causal and masked models one row per forward",
     )
     serve.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port to listen on (default 8000)")
@@ -876,6 +890,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
     engine.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights dtype (default: bfloat16)"
+    )
+    engine.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="reads bit-identical in any batch and cache state (as slotread serve --deterministic)",
     )
     engine.set_defaults(run=_engine)
 

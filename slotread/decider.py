@@ -48,10 +48,14 @@ GPU_BATCH = 128
 GPU_CACHE_SHARE = 0.5
 
 
-def make_engine(loaded: LoadedModel, cache_bytes: int | None = None, max_batch: int | None = None) -> Engine:
+def make_engine(
+    loaded: LoadedModel, cache_bytes: int | None = None, max_batch: int | None = None, deterministic: bool = False
+) -> Engine:
     """The in-process engine for a loaded model's family, with ``cache_bytes`` of prefix cache and
     ``max_batch`` rows per forward; None keeps the engine's own (CPU) default, or on a GPU sizes them
-    for it (``GPU_BATCH``, ``GPU_CACHE_SHARE`` of the memory free now)."""
+    for it (``GPU_BATCH``, ``GPU_CACHE_SHARE`` of the memory free now). ``deterministic``: answers
+    bit-identical in any batch and cache state (``Engine.deterministic``): DiffusionGemma's mode of
+    that name; causal and masked models one row per forward, whatever ``max_batch`` says."""
     model = loaded.model
     device = next(model.parameters()).device
     if device.type == "cuda":
@@ -65,8 +69,11 @@ def make_engine(loaded: LoadedModel, cache_bytes: int | None = None, max_batch: 
         rows: dict[str, Any] = (
             {} if max_batch is None else {"max_canvases": max_batch, "max_encode_tokens": max_batch * 128}
         )
-        return DiffusionGemmaEngine(model, **cache, **rows)
-    batch: dict[str, Any] = {} if max_batch is None else {"max_batch_rows": max_batch}
+        return DiffusionGemmaEngine(model, **cache, **rows, deterministic=deterministic)
+    if deterministic and (max_batch or 1) > 1:
+        logger.info("deterministic: %s reads one row per forward (max_batch %d not used)", loaded.name, max_batch)
+    rows_per_forward = 1 if deterministic else max_batch
+    batch: dict[str, Any] = {} if rows_per_forward is None else {"max_batch_rows": rows_per_forward}
     if loaded.family == "causal" and isinstance(model, PreTrainedModel):
         return CausalEngine(model, **cache, **batch)
     if loaded.family == "masked" and isinstance(model, PreTrainedModel):
@@ -86,7 +93,8 @@ class Decider:
     ``model`` is a registry name (see ``slotread models list``), a local Hugging Face checkpoint
     directory, a ``.gguf`` file, or a ``LoadedModel`` built elsewhere (tests, custom models).
     Weights load in bfloat16 by default: 2-3x faster than float32 on these CPUs' AMX units
-    (bench/cpu_decide.py). ``prefix_cache_bytes`` and ``max_batch`` size the engine (``make_engine``).
+    (bench/cpu_decide.py). ``prefix_cache_bytes`` and ``max_batch`` size the engine, ``deterministic``
+    makes its answers bit-identical in any batch and cache state (``make_engine``).
     Loading fails with ModelLoadError naming the model and the reason,
     including a tokenizer that cannot provide the single-token labels slotread reads.
 
@@ -119,6 +127,7 @@ class Decider:
         dtype: torch.dtype = torch.bfloat16,
         prefix_cache_bytes: int | None = None,
         max_batch: int | None = None,
+        deterministic: bool = False,
         max_questions: int = systemone.DEFAULT_MAX_QUESTIONS,
         max_samples: int = systemone.DEFAULT_MAX_SAMPLES,
         max_options: int = MAX_CHOICE_OPTIONS,
@@ -150,7 +159,7 @@ class Decider:
                 else load_model(model, cache_dir=cache_dir, device=device, dtype=dtype)
             )
             self.name, tokenizer = loaded.name, loaded.tokenizer
-            self.engine = make_engine(loaded, prefix_cache_bytes, max_batch)
+            self.engine = make_engine(loaded, prefix_cache_bytes, max_batch, deterministic)
         try:
             self.renderer = Renderer(tokenizer, self.engine.family)
             self._renderers = {self.renderer.layout: self.renderer}
@@ -189,7 +198,8 @@ class Decider:
         upstreams also UpstreamUnavailable or UpstreamError.
         """
         wire, result = self._answer(request)
-        return systemone.to_response(result, wire, self.name)
+        deterministic = None if isinstance(self.engine, RemoteEngine) else self.engine.deterministic
+        return systemone.to_response(result, wire, self.name, deterministic)
 
     def answer(self, request: dict[str, Any]) -> DecisionResult:
         """Answer a System One request body with core values: each answer keeps its raw reads (label

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     #: canvases (rows) of one forward; None: the engine's default on the CPU (causal 1, so an answer is
     #: bit-identical in any batch; masked 16; DiffusionGemma 32), 128 on a GPU
     max_batch: int | None = Field(None, ge=1, le=4096)
+    #: answers bit-identical whatever else the server is doing and whatever its cache holds
+    #: (``Engine.deterministic``; DiffusionGemma on a GPU: batch-invariant kernels, bench/RESULTS.md
+    #: measures the cost; causal and masked models: one row per forward)
+    deterministic: bool = False
     #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
     api_keys: Path | None = None
     #: base URLs of remote engines (``slotread engine`` or vLLM servers of ``model``); when set, the

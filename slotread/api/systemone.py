@@ -470,8 +470,12 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
     return body
 
 
-def to_response(result: DecisionResult, request: SystemOneRequest, model: str) -> dict[str, Any]:
-    """The System One response body: answers keyed by id in request order, and integer usage.
+def to_response(
+    result: DecisionResult, request: SystemOneRequest, model: str, deterministic: bool | None = None
+) -> dict[str, Any]:
+    """The System One response body: answers keyed by id in request order, and integer usage; with
+    ``deterministic`` known (an in-process engine), ``x_deterministic``: whether these probabilities are
+    bit-identical to what the same request gets alone, in any burst and with any cache state.
 
     A question not asked (skipped by ``ask_if``, or left out of ``ask``) has no answer: System One answers
     are never null, and its client refuses one. Score legends echo the levels exactly as the request gave them.
@@ -479,8 +483,11 @@ def to_response(result: DecisionResult, request: SystemOneRequest, model: str) -
     answers = {
         qid: _answer(answer, request.questions[qid]) for qid, answer in result.answers.items() if answer is not None
     }
-    return {
+    body = {
         "model": model,
         "answers": answers,
         "usage": {"input_tokens": int(result.input_tokens), "output_tokens": int(result.output_tokens)},
     }
+    if deterministic is not None:
+        body["x_deterministic"] = deterministic
+    return body

@@ -24,7 +24,7 @@ from functools import cache
 
 import torch
 
-from slotread.engines import fused
+from slotread.engines import fused, invariant, kernels
 
 #: Large negative bias for masked keys: finite, so a row whose keys are all masked in one part gives
 #: an LSE near -1e30 and weight 0 in the merge instead of NaN.
@@ -39,13 +39,15 @@ def attend(
     query (B, kvh, Q, d), keys/values (B, kvh, S, d), bias (B, 1, 1, S) or (B, 1, Q, S) float with
     0 for visible keys and ``MASKED`` for hidden ones, or None. Returns the output (B, kvh, Q, d) in
     the query's dtype and the log-sum-exp (B, kvh, Q) in float32. On a GPU a fused kernel computes
-    it (cuDNN's where ``USE_CUDNN`` and the head size allow, else the memory-efficient one); on a
-    CPU, these matmuls in float32.
+    it (cuDNN's where ``USE_CUDNN`` and the head size allow, else the memory-efficient one; in a
+    batch-invariant forward ``kernels.attend``); on a CPU, these matmuls in float32.
     """
     if keys.shape[-2] == 0:  # nothing to attend to: weight 0 in the merge
         return query.new_zeros((*query.shape[:-1], values.shape[-1])), query.new_full(
             query.shape[:-1], MASKED, dtype=torch.float32
         )
+    if invariant.active(query):
+        return kernels.attend(query, keys, values, bias)
     if query.is_cuda and _fused_ok(query.shape[-1]):
         fused_bias = None if bias is None else _aligned(bias, query.dtype).expand(*query.shape[:3], -1)
         if USE_CUDNN and query.dtype in (torch.bfloat16, torch.float16) and _cudnn_ok(query.shape[-1]):
@@ -147,7 +149,9 @@ def heads_ok(query: torch.Tensor, keys: torch.Tensor, causal: bool, left: int | 
     """Whether ``attend_heads`` runs these inputs here (and ``attend_runs``, asked with ``causal``
     False and ``left`` None): bfloat16 or half on a GPU with ``USE_FLASH``;
     flash up to head size 256 where ``window_fits``; above that, causal without a window over as
-    many keys as queries."""
+    many keys as queries. Never in a batch-invariant forward (flash splits the keys by batch size)."""
+    if invariant.active(query):
+        return False
     if not (USE_FLASH and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)):
         return False
     if query.shape[-1] <= FLASH_MAX_HEAD_DIM:

@@ -126,6 +126,10 @@ class Engine(Protocol):
     noisy: bool
     #: the most prompt + canvas tokens one read may have
     max_tokens: int
+    #: True when a read's result is bit-identical whatever else is in its batch and whatever the
+    #: prefix cache holds (causal and masked engines at one row per forward, DiffusionGemma's
+    #: ``deterministic`` mode); False where batch composition may move it within the tolerance above
+    deterministic: bool
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]: ...
 

@@ -160,6 +160,7 @@ class CausalEngine:
         config = model.config.get_text_config()
         self.max_tokens = int(max_tokens if max_tokens is not None else config.max_position_embeddings)
         self.max_batch_rows = max_batch_rows
+        self.deterministic = max_batch_rows == 1
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(DEFAULT_CACHE_BYTES)
         self._model = model.eval()
         self._body: torch.nn.Module = model.base_model

@@ -34,7 +34,8 @@ positions up to themselves.
 Tolerance: a read's result does not depend on the other requests of the call, on chunking or on the
 cache state beyond float rounding: within 1e-5 in float32 on the CPU (tests measure it). In bfloat16
 batch composition moves logits far more (2.5 on random 26B-A4B weights through the library's own
-path, bench/RESULTS.md); ``deterministic=True`` reads every canvas alone, bit-identical in any batch.
+path, bench/RESULTS.md); ``deterministic=True`` makes a read bit-identical in any batch and cache
+state (on a GPU with batch-invariant kernels, ``engines/invariant.py``; elsewhere one read at a time).
 The cache state matters through ``joint_encode`` only: a prompt whose last segment is not cached has
 it encoded in the canvases' forward, one that finds it cached reads its stored KV, and the two round
 differently (float32: 1.3e-6 on the tiny model's logits near 3; bfloat16: up to 0.5 there, random
@@ -54,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DiffusionGemmaForBlockDiffusion
 
+from slotread.engines import invariant
 from slotread.engines.attention import MASKED
 from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.forward_graphs import ForwardGraphs, bucket, length_bucket
@@ -116,9 +118,12 @@ class DiffusionGemmaEngine:
     model's ``max_position_embeddings``. ``shared_min`` is where a prompt is split (``SHARED_MIN``).
 
     ``deterministic=True`` makes a read's result independent of the rest of the call and of the
-    cache's state, bit for bit, on any device: every prompt segment is encoded alone, every canvas is
-    decoded alone against its whole prompt, so each read runs the same shapes whatever else is
-    asked. It costs the batching (bench/gpu_reads.py measures how much).
+    cache's state, bit for bit: every canvas reads its whole prompt's KV as one part (the same
+    attention parts however much of the prompt was cached), prompts are encoded segment by segment
+    (no joint forward), and on a GPU with Triton the forwards run batch-invariant kernels
+    (``engines/invariant.py``) and batch as usual; elsewhere every segment is encoded and every
+    canvas decoded alone, so each read runs the same shapes whatever else is asked (the batching's
+    cost; bench/gpu_reads.py measures both).
 
     ``joint_encode``: a prompt whose last segment is not cached (a new state after a cached schema)
     has that segment encoded in the same forward as its canvases (``gemma_forward.encode_decode``)
@@ -149,9 +154,12 @@ class DiffusionGemmaEngine:
         self._config = model.config.get_text_config()
         self.max_tokens = int(max_tokens if max_tokens is not None else self._config.max_position_embeddings)
         self.deterministic = deterministic
-        # one row per forward, and the whole prompt as the shared part: fixed shapes for every read
-        self.max_canvases = 1 if deterministic else max_canvases
-        self.max_encode_tokens = 1 if deterministic else max_encode_tokens
+        #: batch-invariant kernels: a deterministic read may share its forwards
+        self.invariant = deterministic and invariant.available(model.device)
+        alone = deterministic and not self.invariant  # one row per forward: fixed shapes for every read
+        self.max_canvases = 1 if alone else max_canvases
+        self.max_encode_tokens = 1 if alone else max_encode_tokens
+        # the whole prompt as the shared part: a read's attention parts do not depend on the cache
         self.shared_min = self.max_tokens if deterministic else shared_min
         self.joint_encode = joint_encode and _tied(model)
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(DEFAULT_CACHE_BYTES)
@@ -169,19 +177,25 @@ class DiffusionGemmaEngine:
         self._prompt_tokens = 0  # prompt tokens encoded (``counters``)
         self._canvas_tokens = 0  # canvas tokens decoded
         logger.info(
-            "diffusion_gemma engine: %s, max_tokens=%d, max_canvases=%d, prefix cache %d MiB",
+            "diffusion_gemma engine: %s, max_tokens=%d, max_canvases=%d, prefix cache %d MiB, %s",
             model.dtype,
             self.max_tokens,
-            max_canvases,
+            self.max_canvases,
             self.prefix_cache.max_bytes // 2**20,
+            self.mode,
         )
+
+    @property
+    def mode(self) -> str:
+        """How reads are computed: ``batched``, ``batch-invariant`` or ``one at a time`` (deterministic)."""
+        return "batch-invariant" if self.invariant else "one at a time" if self.deterministic else "batched"
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
         """One ``SlotScores`` per request, in order (the recipe is in the module docstring)."""
         for index, request in enumerate(requests):
             self._check(index, request)
         scores: dict[int, SlotScores] = {}
-        with torch.inference_mode():
+        with torch.inference_mode(), invariant.batch_invariant(self.invariant):
             boundaries, deferred = self._encode_all(requests)
             joint = [index for index, request in enumerate(requests) if request.prompt_ids in deferred]
             for chunk in self._joint_chunks(joint, requests, deferred, boundaries):

@@ -38,7 +38,7 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
     DiffusionGemmaTextRouter,
 )
 
-from slotread.engines import fused, kernels
+from slotread.engines import fused, invariant, kernels
 from slotread.engines.attention import (
     MASKED,
     attend,
@@ -471,8 +471,9 @@ def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: t
 
 def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """rows (S, in) @ weight[e].T for each expert's run of rows; weight (E, out, in). A few rows per
-    expert (bfloat16 or half) go through the Triton kernel made for them, more through torch's."""
-    few = rows.shape[0] <= kernels.GROUPED_MAX_ROWS * weight.shape[0]
+    expert (bfloat16 or half) go through the Triton kernel made for them, more through torch's; all of
+    them through the Triton kernel in a batch-invariant forward (its rows do not see each other)."""
+    few = rows.shape[0] <= kernels.GROUPED_MAX_ROWS * weight.shape[0] or invariant.active(rows)
     if few and rows.is_cuda and kernels.AVAILABLE and rows.dtype in (torch.bfloat16, torch.float16):
         return kernels.grouped(rows, weight, offsets)
     grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
@@ -496,10 +497,10 @@ def _layer(
     normed = _norm(layer.input_layernorm, hidden)
     tokens = hidden.shape[0]  # T
     eps = float(getattr(attn.q_norm, "eps"))  # noqa: B009 (mypy types module attributes as Tensor | Module)
-    query = attn.q_proj(normed).view(1, tokens, -1, attn.head_dim)  # (1, T, H, d)
+    query = invariant.project(attn.q_proj, normed).view(1, tokens, -1, attn.head_dim)  # (1, T, H, d)
     query = fused.norm_rotary(query, attn.q_norm.weight, eps, cos[None], sin[None])[0]
-    keys = attn.k_proj(normed).view(1, tokens, -1, attn.head_dim)  # (1, T, kvh, d)
-    values = attn.v_proj(normed).view(keys.shape) if attn.v_proj is not None else keys
+    keys = invariant.project(attn.k_proj, normed).view(1, tokens, -1, attn.head_dim)  # (1, T, kvh, d)
+    values = invariant.project(attn.v_proj, normed).view(keys.shape) if attn.v_proj is not None else keys
     keys = fused.norm_rotary(keys, attn.k_norm.weight, eps, cos[None], sin[None])[0]  # (T, kvh, d)
     values = _norm(attn.v_norm, values)[0]
     queries, stream_keys, stream_values, start = [], [], [], 0
@@ -515,7 +516,7 @@ def _layer(
     router = layer.router
     hidden, dense_in, experts_in, router_in = fused.attention_residual(
         hidden,
-        attn.o_proj(merged),
+        invariant.project(attn.o_proj, merged),
         _weight(layer.post_attention_layernorm),
         _weight(layer.pre_feedforward_layernorm),
         _weight(layer.pre_feedforward_layernorm_2),
@@ -526,7 +527,8 @@ def _layer(
     if not feed_forward:
         return hidden
     mlp = layer.mlp
-    dense = mlp.down_proj(fused.gated(mlp.gate_proj(dense_in), mlp.up_proj(dense_in), mlp.act_fn))
+    gate, up = invariant.project(mlp.gate_proj, dense_in), invariant.project(mlp.up_proj, dense_in)
+    dense = invariant.project(mlp.down_proj, fused.gated(gate, up, mlp.act_fn))
     weights, experts = _route(router, router_in)
     return fused.feed_forward_residual(
         hidden,
@@ -545,7 +547,7 @@ def _route(router: DiffusionGemmaTextRouter, normed: torch.Tensor) -> tuple[torc
     (``fused.attention_residual``)."""
     top_k = router.config.top_k_experts
     assert top_k is not None
-    probabilities = torch.softmax(router.proj(normed), dim=-1, dtype=torch.float32)
+    probabilities = torch.softmax(invariant.project(router.proj, normed), dim=-1, dtype=torch.float32)
     weights, experts = torch.topk(probabilities, top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights * router.per_expert_scale[experts], experts

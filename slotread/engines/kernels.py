@@ -124,6 +124,113 @@ if triton is not None:
                 mask=(m[:, None] < end) & (columns[None, :] < n_out),
             )
 
+    @triton.jit
+    def _linear_kernel(
+        out,
+        rows,
+        weight,
+        m_rows,
+        n_out,
+        n_in,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, n_in, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                rows + m[:, None].to(tl.int64) * n_in + k[None, :],
+                mask=(m[:, None] < m_rows) & (k[None, :] < n_in),
+                other=0.0,
+            )
+            w = tl.load(
+                weight + columns[None, :].to(tl.int64) * n_in + k[:, None],
+                mask=(columns[None, :] < n_out) & (k[:, None] < n_in),
+                other=0.0,
+            )
+            total = tl.dot(x, w, total)
+        tl.store(
+            out + m[:, None].to(tl.int64) * n_out + columns[None, :],
+            total.to(out.dtype.element_ty),
+            mask=(m[:, None] < m_rows) & (columns[None, :] < n_out),
+        )
+
+    @triton.jit
+    def _attention_kernel(
+        out,
+        lse,
+        query,
+        keys,
+        values,
+        bias,
+        queries,
+        length,
+        heads,
+        dim,
+        q0,
+        q1,
+        q2,
+        k0,
+        k1,
+        k2,
+        v0,
+        v1,
+        v2,
+        b0,
+        b1,
+        b2,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        row = tl.program_id(1).to(tl.int64)  # over (B, kvh)
+        b = row // heads
+        h = row % heads
+        q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        d = tl.arange(0, BLOCK_D)
+        inside = q < queries
+        x = tl.load(
+            query + b * q0 + h * q1 + q[:, None] * q2 + d[None, :],
+            mask=inside[:, None] & (d[None, :] < dim),
+            other=0.0,
+        )
+        peak = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+        for s0 in range(0, length, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            seen = s < length
+            kv_mask = seen[:, None] & (d[None, :] < dim)
+            k = tl.load(keys + b * k0 + h * k1 + s[:, None] * k2 + d[None, :], mask=kv_mask, other=0.0)
+            scores = tl.dot(x, tl.trans(k))
+            if HAS_BIAS:
+                scores += tl.load(
+                    bias + b * b0 + q[:, None] * b1 + s[None, :] * b2,
+                    mask=inside[:, None] & seen[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+            # keys past the end score as masked ones do (``attention.MASKED``): a padded batch and a
+            # read alone then add the same zeros
+            scores = tl.where(seen[None, :], scores, -1e30)
+            top = tl.maximum(peak, tl.max(scores, 1))
+            weights = tl.exp(scores - top[:, None])
+            rescale = tl.exp(peak - top)
+            total = total * rescale + tl.sum(weights, 1)
+            v = tl.load(values + b * v0 + h * v1 + s[:, None] * v2 + d[None, :], mask=kv_mask, other=0.0)
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+            peak = top
+        place = (b * heads + h) * queries + q
+        tl.store(
+            out + place[:, None] * dim + d[None, :],
+            (acc / total[:, None]).to(out.dtype.element_ty),
+            mask=inside[:, None] & (d[None, :] < dim),
+        )
+        tl.store(lse + place, peak + tl.log(total), mask=inside)
+
 
 #: Hidden columns per combine program: 256 divides the 26B-A4B's 2,816 (11 programs per token).
 _COMBINE_BLOCK = 256
@@ -206,3 +313,90 @@ def grouped(
         num_warps=warps,
     )
     return out
+
+
+#: The fixed tiles of ``linear``: every row's outputs sum its inputs in 64-wide steps in one order,
+#: whatever the number of rows (no split of the reduction, no tile choice by shape)
+LINEAR_CONFIG = (64, 128, 64, 3, 4)  # BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps
+
+
+def linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``rows`` (M, in) @ ``weight`` (out, in).T in ``rows``' dtype, accumulated in float32, each row's
+    result independent of the others and of M (cuBLAS picks its kernel, and with it the reduction
+    order, by shape: a row read alone and in a batch of 64 differ)."""
+    assert triton is not None
+    rows, weight = rows.contiguous(), weight.contiguous()
+    (m_rows, n_in), n_out = rows.shape, weight.shape[0]
+    out = rows.new_empty((m_rows, n_out))
+    block_m, block_n, block_k, stages, warps = LINEAR_CONFIG
+    if m_rows:
+        grid = (triton.cdiv(m_rows, block_m), triton.cdiv(n_out, block_n))
+        _linear_kernel[grid](
+            out,
+            rows,
+            weight,
+            m_rows,
+            n_out,
+            n_in,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            num_stages=stages,
+            num_warps=warps,
+        )
+    return out
+
+
+def attend(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention.attend`` (scale 1; query (B, kvh, Q, d), keys/values (B, kvh, S, d), any batch
+    and position strides; bias broadcastable to (B, 1, Q, S)) with a fixed order: a program per
+    query block and head runs over the keys in fixed blocks from the first, so a query's output and
+    LSE depend only on its own keys and bias, whatever the batch, the other queries or padding keys
+    after its own (flash attention splits the keys by the batch's size; the fused kernels pick their
+    tiles by shape). Returns the output (B, kvh, Q, d) in the query's dtype and the LSE (B, kvh, Q)."""
+    assert triton is not None
+    batch, heads, queries, dim = query.shape
+    length = keys.shape[2]
+    query, keys, values = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, keys, values))
+    out = query.new_empty((batch, heads, queries, dim))
+    lse = torch.empty((batch, heads, queries), device=query.device, dtype=torch.float32)
+    if not out.numel():
+        return out, lse
+    if bias is None:
+        bias_strides, has_bias, bias = (0, 0, 0), False, query
+    else:
+        bias = bias.expand(batch, 1, queries, length)
+        bias_strides, has_bias = (bias.stride(0), bias.stride(2), bias.stride(3)), True
+    wide = dim > 256  # the full layers' 512: smaller tiles keep the float32 accumulator in registers
+    block_q, block_s = (16, 32) if wide else (32, 64)
+    grid = (triton.cdiv(queries, block_q), batch * heads)
+    _attention_kernel[grid](
+        out,
+        lse,
+        query,
+        keys,
+        values,
+        bias,
+        queries,
+        length,
+        heads,
+        dim,
+        query.stride(0),
+        query.stride(1),
+        query.stride(2),
+        keys.stride(0),
+        keys.stride(1),
+        keys.stride(2),
+        values.stride(0),
+        values.stride(1),
+        values.stride(2),
+        *bias_strides,
+        HAS_BIAS=has_bias,
+        BLOCK_Q=block_q,
+        BLOCK_S=block_s,
+        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        num_warps=4,
+    )
+    return out, lse

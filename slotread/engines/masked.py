@@ -102,6 +102,7 @@ class MaskedEngine:
             raise ModelLoadError(name, "its config has no max_position_embeddings; give the engine max_tokens")
         self.max_tokens = int(limit)
         self.max_batch_rows = max_batch_rows
+        self.deterministic = max_batch_rows == 1
         self.adapter = adapter
         self._model = model.eval()
         head = model.get_output_embeddings()

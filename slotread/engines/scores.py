@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from slotread.engines import invariant
 from slotread.engines.base import Slot, SlotScores
 
 
@@ -37,7 +37,7 @@ class OutputHead:
     def vocabulary(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (R, V) of hidden states (R, H) over the whole vocabulary: the projection in the
         weights' dtype, as the model runs it, then the scale and softcap in float32."""
-        return self._transformed(F.linear(hidden, self.weight, self.bias).float())
+        return self._transformed(invariant.linear(hidden, self.weight, self.bias).float())
 
     def at(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Float32 logits (N,) of token ``ids[n]`` (N,) at hidden state ``hidden[n]`` (N, H), summed in float64."""

@@ -39,6 +39,7 @@ class BatchingEngine:
         self.family: Family = engine.family
         self.noisy = engine.noisy
         self.max_tokens = engine.max_tokens
+        self.deterministic = engine.deterministic
         self._pending: list[_Job] = []
         self._busy = False
         self._changed = threading.Condition()

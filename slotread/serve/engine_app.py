@@ -55,9 +55,9 @@ class ServedEngine:
     vocab_size: int
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel) -> ServedEngine:
-        """The in-process engine of a loaded model."""
-        engine = make_engine(loaded)
+    def from_loaded(cls, loaded: LoadedModel, deterministic: bool = False) -> ServedEngine:
+        """The in-process engine of a loaded model (``make_engine``)."""
+        engine = make_engine(loaded, deterministic=deterministic)
         assert isinstance(loaded.model, PreTrainedModel), "make_engine reads transformers models only"
         return cls(loaded.name, engine, int(loaded.model.config.get_text_config().vocab_size))
 

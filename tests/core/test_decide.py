@@ -27,6 +27,7 @@ class RecordingEngine:
         self.engine = engine
         self.family = engine.family
         self.noisy = engine.noisy
+        self.deterministic = engine.deterministic
         self.max_tokens = engine.max_tokens
         self.requests: list[ReadRequest] = []
 
@@ -250,6 +251,7 @@ class OptionPickingEngine:
 
     family = "causal"
     noisy = False
+    deterministic = False
     max_tokens = 100_000
 
     def __init__(self, renderer: Renderer, option: str) -> None:
@@ -358,6 +360,7 @@ class NanEngine:
         self.engine = engine
         self.family = engine.family
         self.noisy = engine.noisy
+        self.deterministic = engine.deterministic
         self.max_tokens = engine.max_tokens
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:

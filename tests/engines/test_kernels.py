@@ -49,6 +49,26 @@ rows, weight = torch.randn(24, 72), torch.randn(4, 40, 72)
 starts = [0, *offsets[:-1].tolist()]
 want = torch.cat([rows[s:e] @ weight[k].T for k, (s, e) in enumerate(zip(starts, offsets.tolist()))])
 worst["grouped"] = (kernels.grouped(rows, weight, offsets) - want).abs().max().item()
+
+# linear: 70 rows (a partial row block) x 150 inputs -> 200 outputs (partial blocks); 5 rows alone give
+# the same bits as inside the batch, where they sit at other offsets of their blocks
+rows, weight = torch.randn(70, 150), torch.randn(200, 150)
+batched = kernels.linear(rows, weight)
+worst["linear"] = (batched - rows @ weight.T).abs().max().item()
+worst["linear_invariant"] = torch.equal(kernels.linear(rows[37:42], weight), batched[37:42])
+
+# attention: 2 rows x 2 kv heads, 40 queries, 100 keys, a bias hiding row 1's last 30 keys; row 1 alone,
+# with only its 70 keys and 9 of its queries, gives the same bits
+query, keys, values = torch.randn(2, 2, 40, 72), torch.randn(2, 2, 100, 72), torch.randn(2, 2, 100, 72)
+bias = torch.zeros(2, 1, 1, 100)
+bias[1, ..., 70:] = -1e30
+out, lse = kernels.attend(query, keys, values, bias)
+scores = query @ keys.transpose(-1, -2) + bias
+want_lse = torch.logsumexp(scores, -1)
+worst["attend"] = (out - torch.softmax(scores, -1) @ values).abs().max().item()
+worst["attend_lse"] = (lse - want_lse).abs().max().item()
+alone, alone_lse = kernels.attend(query[1:, :, 20:29], keys[1:, :, :70], values[1:, :, :70], None)
+worst["attend_invariant"] = torch.equal(alone, out[1:, :, 20:29]) and torch.equal(alone_lse, lse[1:, :, 20:29])
 print(json.dumps(worst))
 """
 
@@ -65,3 +85,8 @@ def test_kernels_match_the_torch_maths_in_the_interpreter() -> None:
     assert worst["merge_contiguous"]
     assert worst["merge_masked"] < 1e-6
     assert worst["grouped"] < 1e-4
+    assert worst["linear"] < 1e-4
+    assert worst["linear_invariant"]
+    assert worst["attend"] < 1e-4
+    assert worst["attend_lse"] < 1e-4
+    assert worst["attend_invariant"]

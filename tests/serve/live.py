@@ -72,6 +72,7 @@ class HeldEngine:
         self.engine = engine
         self.family = engine.family
         self.noisy = engine.noisy
+        self.deterministic = engine.deterministic
         self.max_tokens = engine.max_tokens
         self.entered = threading.Event()
         self.release = threading.Event()

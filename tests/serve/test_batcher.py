@@ -60,6 +60,7 @@ class FailsOnSecond:
 
     family = "causal"
     noisy = False
+    deterministic = False
     max_tokens = 100
 
     def __init__(self, marker: ReadRequest) -> None:

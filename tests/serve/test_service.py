@@ -100,6 +100,7 @@ class BrokenEngine:
 
     family = "causal"
     noisy = False
+    deterministic = False
     max_tokens = 8192
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:

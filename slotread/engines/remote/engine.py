@@ -87,6 +87,7 @@ class RemoteEngine:
     ) -> None:
         self.family: Family = family
         self.noisy = family == "diffusion"
+        self.deterministic = False  # the replicas' batching is theirs
         self.model = model
         self._vocab_size = vocab_size
         self.pool = ReplicaPool(urls, timeout_s=timeout_s, health_interval_s=health_interval_s)
