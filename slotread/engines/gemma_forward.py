@@ -471,9 +471,11 @@ def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: t
 
 def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """rows (S, in) @ weight[e].T for each expert's run of rows; weight (E, out, in). A few rows per
-    expert (bfloat16 or half) go through the Triton kernel made for them, more through torch's; all of
-    them through the Triton kernel in a batch-invariant forward (its rows do not see each other)."""
-    few = rows.shape[0] <= kernels.GROUPED_MAX_ROWS * weight.shape[0] or invariant.active(rows)
+    expert (bfloat16 or half) go through the Triton kernel made for them, more through torch's; in a
+    batch-invariant forward all through ``kernels.tiled_grouped`` (fixed tiles, rows in parallel)."""
+    if invariant.active(rows):
+        return kernels.tiled_grouped(rows, weight, offsets)
+    few = rows.shape[0] <= kernels.GROUPED_MAX_ROWS * weight.shape[0]
     if few and rows.is_cuda and kernels.AVAILABLE and rows.dtype in (torch.bfloat16, torch.float16):
         return kernels.grouped(rows, weight, offsets)
     grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm

@@ -125,6 +125,48 @@ if triton is not None:
             )
 
     @triton.jit
+    def _tiled_grouped_kernel(
+        out,
+        rows,
+        weight,
+        offsets,
+        tile_experts,
+        tile_starts,
+        experts,
+        n_out,
+        n_in,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        tile = tl.program_id(0)
+        expert = tl.load(tile_experts + tile)
+        if expert < experts:
+            end = tl.load(offsets + expert)
+            m = tl.load(tile_starts + tile) + tl.arange(0, BLOCK_M)
+            columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            matrix = weight + expert.to(tl.int64) * n_out * n_in
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, n_in, BLOCK_K):
+                k = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(
+                    rows + m[:, None].to(tl.int64) * n_in + k[None, :],
+                    mask=(m[:, None] < end) & (k[None, :] < n_in),
+                    other=0.0,
+                )
+                w = tl.load(
+                    matrix + columns[None, :] * n_in + k[:, None],
+                    mask=(columns[None, :] < n_out) & (k[:, None] < n_in),
+                    other=0.0,
+                )
+                total = tl.dot(x, w, total)
+            tl.store(
+                out + m[:, None].to(tl.int64) * n_out + columns[None, :],
+                total.to(out.dtype.element_ty),
+                mask=(m[:, None] < end) & (columns[None, :] < n_out),
+            )
+
+    @triton.jit
     def _linear_kernel(
         out,
         rows,
@@ -400,3 +442,48 @@ def attend(
         num_warps=4,
     )
     return out, lse
+
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) of ``tiled_grouped``: fixed, whatever the rows
+TILED_CONFIG = (64, 128, 64, 3, 4)
+
+
+def tiled_grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``grouped`` with every expert's rows cut into tiles of a fixed size, a program per tile and block
+    of output columns: the rows of an expert run in parallel (``grouped`` walks them in one program,
+    which many rows per expert make slow), and each row's sums still run in one order whatever the
+    batch (the batch-invariant forward's experts). The tiles are laid out on the device (no sync: a
+    CUDA graph can hold it) in a grid sized for the worst case, ``rows / BLOCK_M + experts``."""
+    assert triton is not None
+    experts, n_out, n_in = weight.shape
+    block_m, block_n, block_k, stages, warps = TILED_CONFIG
+    out = rows.new_empty((rows.shape[0], n_out))
+    if not rows.shape[0]:
+        return out
+    offsets = offsets.to(torch.int32)
+    starts = torch.cat([offsets.new_zeros(1), offsets[:-1]])
+    tiles = (offsets - starts + block_m - 1) // block_m  # per expert
+    tile_ends = torch.cumsum(tiles, 0, dtype=torch.int32)
+    slots = triton.cdiv(rows.shape[0], block_m) + experts
+    tile = torch.arange(slots, device=rows.device, dtype=torch.int32)
+    tile_experts = torch.searchsorted(tile_ends, tile, right=True).to(torch.int32)  # ``experts``: unused
+    owner = tile_experts.clamp(max=experts - 1).long()
+    tile_starts = (starts[owner] + (tile - (tile_ends[owner] - tiles[owner])) * block_m).to(torch.int32)
+    grid = (slots, triton.cdiv(n_out, block_n))
+    _tiled_grouped_kernel[grid](
+        out,
+        rows.contiguous(),
+        weight.contiguous(),
+        offsets,
+        tile_experts,
+        tile_starts,
+        experts,
+        n_out,
+        n_in,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_stages=stages,
+        num_warps=warps,
+    )
+    return out

@@ -49,6 +49,11 @@ rows, weight = torch.randn(24, 72), torch.randn(4, 40, 72)
 starts = [0, *offsets[:-1].tolist()]
 want = torch.cat([rows[s:e] @ weight[k].T for k, (s, e) in enumerate(zip(starts, offsets.tolist()))])
 worst["grouped"] = (kernels.grouped(rows, weight, offsets) - want).abs().max().item()
+worst["tiled_grouped"] = (kernels.tiled_grouped(rows, weight, offsets) - want).abs().max().item()
+# expert 2's 20 rows alone (one expert, one tile): the same bits as among the others, where they span two tiles'
+# worth of offsets
+alone = kernels.tiled_grouped(rows[3:23], weight[2:3], torch.tensor([20], dtype=torch.int32))
+worst["tiled_grouped_invariant"] = torch.equal(alone, kernels.tiled_grouped(rows, weight, offsets)[3:23])
 
 # linear: 70 rows (a partial row block) x 150 inputs -> 200 outputs (partial blocks); 5 rows alone give
 # the same bits as inside the batch, where they sit at other offsets of their blocks
@@ -85,6 +90,8 @@ def test_kernels_match_the_torch_maths_in_the_interpreter() -> None:
     assert worst["merge_contiguous"]
     assert worst["merge_masked"] < 1e-6
     assert worst["grouped"] < 1e-4
+    assert worst["tiled_grouped"] < 1e-4
+    assert worst["tiled_grouped_invariant"]
     assert worst["linear"] < 1e-4
     assert worst["linear_invariant"]
     assert worst["attend"] < 1e-4
