@@ -20,7 +20,7 @@ from typing import Any
 from slotread.decider import Decider
 from slotread.engines.base import Counted
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.errors import NotReady, SlotreadError
+from slotread.errors import NotReady, SlotreadError, UpstreamError, UpstreamUnavailable
 from slotread.serve.admission import AdmissionGate
 from slotread.serve.auth import ApiKeys
 from slotread.serve.batcher import BatchingEngine
@@ -65,7 +65,7 @@ class DecisionService:
         answer one small decision so the first client does not pay for first-call allocations."""
         try:
             decider = await asyncio.to_thread(load)
-            await asyncio.to_thread(decider.decide, _WARM_UP)
+            await self._warm_up(decider)
         except Exception as exc:
             self.load_error = str(exc)
             if isinstance(exc, SlotreadError):  # a reason, not a bug: its message says it all
@@ -74,6 +74,15 @@ class DecisionService:
                 logger.exception("the model failed to load; the server stays unready")
             return
         self.serve(decider)
+
+    async def _warm_up(self, decider: Decider) -> None:
+        """Answer ``_WARM_UP``. Through upstreams a failed read is the replicas' state, not a failed load:
+        a replica still compiling its kernels (an H200's first read took longer than the 5 s read
+        timeout) comes back into rotation, and readiness follows the rotation."""
+        try:
+            await asyncio.to_thread(decider.decide, _WARM_UP)
+        except (UpstreamUnavailable, UpstreamError) as exc:
+            logger.warning("the warm-up decision failed on the upstreams; serving anyway: %s", exc)
 
     def serve(self, decider: Decider) -> None:
         """Answer decisions with ``decider`` from now on; an in-process engine is shared through a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ from slotread.models.load import LoadedModel
 from slotread.serve.app import create_app
 from slotread.serve.service import DecisionService
 from slotread.settings import Settings
+from tests.engines.remote.replicas import Replica
 from tests.serve.live import Live, held_decider, live_server
 
 REQUEST = {"state": "the server is down", "questions": {"urgent": {"type": "noul"}}}
@@ -142,3 +144,24 @@ def test_a_model_that_fails_to_load_keeps_the_server_unready_and_says_why() -> N
         wait_for(lambda: "failed" in client.get("/readyz").text)
         response = client.get("/readyz")
     assert response.status_code == 503 and "no-such-model" in response.json()["reason"]
+
+
+def test_a_gateway_whose_replicas_fail_the_warm_up_still_serves_when_they_return(
+    smollm2: LoadedModel, tmp_path: Path
+) -> None:
+    # a read timeout far below a read's time fails the warm-up decision, as an H200 replica still
+    # compiling its kernels did (a first read over the 5 s default): the gateway must not stay unready
+    replica = Replica(smollm2.name, tmp_path / "engine.log").start()
+    try:
+        replica.wait_ready()
+
+        def load() -> Decider:
+            return Decider(smollm2.name, upstreams=[replica.url], upstream_timeout_s=0.001, health_interval_s=0.2)
+
+        with live_server(create_app(Settings(), load), ready=False) as live, live.client() as client:
+            wait_for(lambda: client.get("/readyz").status_code == 200, seconds=60)
+            assert service_of(live).load_error is None
+            slow = client.post("/v1/systemone", json=REQUEST)
+            assert slow.status_code == 503 and "retry-after" in slow.headers  # each read still times out
+    finally:
+        replica.stop()
