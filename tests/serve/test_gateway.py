@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from slotread.decider import Decider
+from slotread.engines.remote.engine import RemoteEngine
 from slotread.models.load import LoadedModel
 from slotread.serve.app import create_app
 from slotread.settings import Settings
@@ -111,6 +112,7 @@ def test_a_causal_model_answers_as_in_process(smollm2: LoadedModel, tmp_path: Pa
         gateway = Decider(smollm2.name, upstreams=[replica.url], upstream_timeout_s=30.0)
         try:
             assert gateway.engine.family == "causal"
+            assert isinstance(gateway.engine, RemoteEngine) and gateway.engine.segments  # a slotread replica
             in_process = Decider(smollm2).decide(request(0))
             assert in_process.pop("x_deterministic") is True  # one row per forward, the CPU default
             assert_close(gateway.decide(request(0)), in_process)

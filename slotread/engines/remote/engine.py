@@ -91,6 +91,8 @@ class RemoteEngine:
         self.model = model
         self._vocab_size = vocab_size
         self.pool = ReplicaPool(urls, timeout_s=timeout_s, health_interval_s=health_interval_s)
+        #: send each read's segment ends (``wire.completion_bodies``): every replica that answered is slotread's
+        self.segments = False
         try:
             self.max_tokens = self._served_length()
             self.pool.start(self._refusal)
@@ -110,7 +112,9 @@ class RemoteEngine:
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
         """One ``SlotScores`` per request, in order; raises UpstreamUnavailable or UpstreamError."""
-        bodies = [completion_bodies(request, self.family, self.model, self._vocab_size) for request in requests]
+        bodies = [
+            completion_bodies(request, self.family, self.model, self._vocab_size, self.segments) for request in requests
+        ]
         futures: list[list[Future[Any]]] = [
             [self._executor.submit(self.pool.post, COMPLETIONS, body) for body in request_bodies]
             for request_bodies in bodies
@@ -136,8 +140,9 @@ class RemoteEngine:
         self.pool.close()
 
     def _served_length(self) -> int:
-        """The smallest ``max_model_len`` among the replicas that answer; refuse one serving another model."""
-        lengths, unreachable = [], []
+        """The smallest ``max_model_len`` among the replicas that answer; refuse one serving another model.
+        Notes whether they are all slotread engines (``segments``)."""
+        lengths, unreachable, owners = [], [], set()
         for replica in self.pool.replicas:
             try:
                 response = self.pool.get(replica.url, "/v1/models")
@@ -152,10 +157,12 @@ class RemoteEngine:
                 lengths.append(served_length(listing, self.model))
             except ValueError as exc:
                 raise ModelLoadError(self.model, f"upstream {replica.url} {exc}") from None
+            owners |= {e.get("owned_by") for e in listing["data"] if isinstance(e, dict) and e.get("id") == self.model}
         if not lengths:
             raise ModelLoadError(self.model, "no upstream answered GET /v1/models (" + "; ".join(unreachable) + ")")
         for problem in unreachable:
             logger.warning("upstream %s; it joins once it answers", problem)
+        self.segments = owners == {"slotread"}
         return min(lengths)
 
     def _refusal(self, listing: Any) -> str | None:

@@ -17,7 +17,8 @@ Request, one per at most 128 distinct label ids (a read that needs more is split
      "vllm_xargs": {                    diffusion models only
         "diffusion_seed_canvas": [int, ...], "diffusion_canvas_length": int,
         "diffusion_max_steps": 1, "diffusion_read_only": true,
-        "diffusion_pinned": [int, ...]}}   optional, only with a seed canvas
+        "diffusion_pinned": [int, ...]},   optional, only with a seed canvas
+     "x_segment_ends": [int, ...]}      slotread replicas only: where the prompt's segments end inside it
 
 Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1
 (the decoder's clean-token prediction at each after one read-only step)::
@@ -33,6 +34,12 @@ log-probability, ``top_logprobs[p]`` holds the argmax and every requested id. Lo
 log-softmax over the whole vocabulary (after the model's softcap), clamped at -9999.0 as vLLM clamps
 ``-inf``. Softmax over a slot's label log-probabilities equals softmax over its label logits, so a
 remote read answers what the in-process read answers.
+
+``x_segment_ends`` carries what a flat token list loses: where the rendered prompt's pieces
+(instructions, state, question) end, which a slotread engine's prefix cache is keyed by. Without it
+``slotread engine`` read every prompt as one segment and re-encoded the 1,500-token instructions
+shared by every read (bench/RESULTS.md: the gateway at 0.14x of the in-process server). A gateway sends
+it only when every replica lists itself ``owned_by: "slotread"``; vLLM caches prefixes by blocks.
 
 What is vLLM's documented OpenAI-compatible API: token-id prompts, ``max_tokens``, ``logprobs``,
 ``return_tokens_as_token_ids`` and its ``token_id:N`` spelling, ``vllm_xargs``, the response shape,
@@ -50,6 +57,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
 from typing import Any
 
 import numpy as np
@@ -81,8 +89,11 @@ Ids = tuple[int, ...]
 # -- client side: ReadRequest -> bodies, responses -> SlotScores ---------------------------------
 
 
-def completion_bodies(request: ReadRequest, family: Family, model: str, vocab_size: int) -> list[Body]:
-    """The completion bodies that read ``request`` on ``model``: one per 128 distinct label ids.
+def completion_bodies(
+    request: ReadRequest, family: Family, model: str, vocab_size: int, segments: bool = False
+) -> list[Body]:
+    """The completion bodies that read ``request`` on ``model``: one per 128 distinct label ids; with
+    ``segments``, each carries its prompt's segment ends (``x_segment_ends``).
 
     A diffusion read's canvas is noised here from the request's seed (``noise_canvas``, as the
     in-process engine noises it) and sent as the seed canvas, which the server reads as given; a
@@ -120,6 +131,9 @@ def completion_bodies(request: ReadRequest, family: Family, model: str, vocab_si
             "logprob_token_ids": labels[start : start + MAX_LOGPROB_TOKEN_IDS],
             "return_tokens_as_token_ids": True,
         }
+        if segments:
+            ends = [*accumulate(len(segment) for segment in request.prompt)]
+            body["x_segment_ends"] = [end for end in dict.fromkeys(ends) if 0 < end < len(prompt)]
         if canvas is not None:
             body["vllm_xargs"] = {
                 "diffusion_seed_canvas": list(canvas),
@@ -234,6 +248,8 @@ class CompletionRead:
     canvas: Ids | None
     #: the distinct ``logprob_token_ids``, in request order
     token_ids: Ids
+    #: where the prompt's segments end inside it (``x_segment_ends``), increasing
+    segment_ends: Ids = ()
 
     @property
     def positions(self) -> int:
@@ -311,7 +327,21 @@ def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, 
             f"tokens ({len(prompt)} in the prompt, {max_tokens} in the completion).",
             "prompt",
         )
-    return CompletionRead(prompt, canvas, token_ids)
+    return CompletionRead(prompt, canvas, token_ids, _segment_ends(body.get("x_segment_ends"), len(prompt)))
+
+
+def _segment_ends(value: Any, length: int) -> Ids:
+    """``x_segment_ends``: absent, or increasing ends strictly inside a prompt of ``length`` tokens."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(type(end) is int for end in value):
+        raise WireError("x_segment_ends must be a list of integers", "x_segment_ends")
+    if any(not 0 < end < length for end in value) or any(a >= b for a, b in pairwise(value)):
+        raise WireError(
+            f"x_segment_ends must increase strictly, each inside the {length}-token prompt (1..{length - 1})",
+            "x_segment_ends",
+        )
+    return tuple(value)
 
 
 def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int) -> Ids:
@@ -385,10 +415,12 @@ def read_request(read: CompletionRead) -> ReadRequest:
     each scoring the requested ids; the canvas is read as given (``seed=None``)."""
     # Engines score at least one label per slot: id 0 stands in when none was asked for, unreported.
     labels = read.token_ids or (0,)
+    cuts = (0, *read.segment_ends, len(read.prompt))
+    prompt = tuple(read.prompt[start:end] for start, end in pairwise(cuts))
     if read.canvas is None:
-        return ReadRequest(prompt=(read.prompt,), canvas=(), slots=(Slot(0, labels),), seed=None)
+        return ReadRequest(prompt=prompt, canvas=(), slots=(Slot(0, labels),), seed=None)
     slots = tuple(Slot(position, labels) for position in range(len(read.canvas)))
-    return ReadRequest(prompt=(read.prompt,), canvas=read.canvas, slots=slots, seed=None)
+    return ReadRequest(prompt=prompt, canvas=read.canvas, slots=slots, seed=None)
 
 
 def completion_response(read: CompletionRead, scores: SlotScores, model: str) -> Body:

@@ -421,3 +421,27 @@ def test_a_bad_causal_body_is_refused(changes: dict[str, Any], param: str, words
     with pytest.raises(WireError) as caught:
         parse(body, "causal", max_model_len=2_048)
     assert caught.value.param == param and words in caught.value.message
+
+
+def test_segment_ends_carry_the_prompt_pieces_to_a_slotread_replica() -> None:
+    # a causal read: the prompt's two segments, then the reply prefix before the slot as a third
+    causal = ReadRequest(prompt=((1, 2, 3), (4, 5)), canvas=(40, 41, 9), slots=(Slot(2, (7,)),))
+    (body,) = completion_bodies(causal, "causal", "smollm2", 49_152, segments=True)
+    assert body["x_segment_ends"] == [3, 5]
+    read = parse(body, "causal", model="smollm2", vocab_size=49_152)
+    assert read_request(read).prompt == ((1, 2, 3), (4, 5), (40, 41))
+    # a diffusion read: the prompt's own segments again, whatever the canvas
+    (body,) = completion_bodies(diffusion_request(), "diffusion", MODEL, VOCAB, segments=True)
+    assert body["x_segment_ends"] == [len(PROMPT[0])]
+    assert read_request(parse(body)).prompt == PROMPT
+    # without segments (vLLM replicas) the field is absent and the server reads one segment
+    (plain,) = completion_bodies(diffusion_request(), "diffusion", MODEL, VOCAB)
+    assert "x_segment_ends" not in plain
+    assert read_request(parse(plain)).prompt == (tuple(i for segment in PROMPT for i in segment),)
+
+
+@pytest.mark.parametrize("ends", [[0], [11], [5, 5], [6, 4], ["4"], 4])
+def test_bad_segment_ends_are_refused(ends: Any) -> None:
+    with pytest.raises(WireError) as caught:
+        parse(edited(x_segment_ends=ends))
+    assert caught.value.param == "x_segment_ends"
