@@ -65,6 +65,9 @@ class SystemOneResponse(BaseModel):
     model: str
     answers: dict[str, Answer]
     usage: Usage
+    #: whether these probabilities are bit-identical to what the same request gets alone, in any burst
+    #: and any cache state (``slotread serve --deterministic``); absent behind ``--upstream``
+    x_deterministic: bool | None = None
 
 
 class _Decision(_Diagnostics):
