@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from slotread.decider import Decider
+from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.eval.datasets import load_dataset, subset
 from slotread.eval.runner import build_request
 from slotread.models.load import LoadedModel, load_model
@@ -103,3 +104,17 @@ def test_the_same_request_gets_the_same_answer_in_any_batch_and_cache_state(smol
 
     for other in (burst, warm, burst_first, decided):
         assert worst_difference(first, other) <= 1e-6
+
+
+def test_answers_say_whether_they_are_deterministic(smollm2_bf16: LoadedModel, tiny_diffusion: LoadedModel) -> None:
+    body = {"state": "My card has not arrived.", "questions": {"urgent": {"type": "noul"}}}
+    # causal: one row per forward (the default) is deterministic; --deterministic keeps it so over --max-batch
+    assert Decider(smollm2_bf16).decide(body)["x_deterministic"] is True
+    assert Decider(smollm2_bf16, max_batch=8).decide(body)["x_deterministic"] is False
+    batched = Decider(smollm2_bf16, max_batch=8, deterministic=True)
+    assert batched.decide(body)["x_deterministic"] is True
+    # DiffusionGemma batches unless asked; on the CPU its deterministic mode reads one canvas at a time
+    assert Decider(tiny_diffusion).decide(body)["x_deterministic"] is False
+    strict = Decider(tiny_diffusion, deterministic=True)
+    assert strict.decide(body)["x_deterministic"] is True
+    assert isinstance(strict.engine, DiffusionGemmaEngine) and strict.engine.mode == "one at a time"
