@@ -39,6 +39,8 @@ class BatchingEngine:
         self.family: Family = engine.family
         self.noisy = engine.noisy
         self.max_tokens = engine.max_tokens
+        #: the engine's image reader, if it reads images (``engines.base.vision_of``)
+        self.vision = getattr(engine, "vision", None)
         self._pending: list[_Job] = []
         self._busy = False
         self._changed = threading.Condition()
