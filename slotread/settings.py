@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from slotread.api.images import ImageLimits
 from slotread.models.registry import DEFAULT_MODEL
 
 #: decisions a gateway (``upstreams`` set) runs at once unless told otherwise
@@ -93,6 +94,11 @@ class Settings(BaseSettings):
     #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
     #: x_shortlist and readouts fitted with a vote or a lexical partner
     example_banks: list[Path] = Field(default_factory=list)
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        """The limits on a request's images, as the Decider takes them."""
+        return ImageLimits(self.max_images, self.max_image_bytes, self.max_image_pixels)
 
     @field_validator("upstreams", mode="before")
     @classmethod
