@@ -17,7 +17,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
 from slotread.api.bank_file import read_bank
-from slotread.api.images import ImageLimits
+from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine, vision_of
 from slotread.engines.causal import CausalEngine
@@ -131,7 +131,7 @@ class Decider:
         calibration_dir: Path | None = None,
         example_banks: Sequence[ExampleBank] = (),
         readout_dir: Path | None = None,
-        image_limits: ImageLimits = ImageLimits(),
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         if upstreams:
             if isinstance(model, LoadedModel):

@@ -193,7 +193,9 @@ def _state(request: DecisionsRequest) -> tuple[str, dict[str, dict[str, str]]]:
             reference = f"<input[{m}].content[{p}]>"
             match = _DATA_URL.fullmatch(part.url)
             if match is None:
-                msg = f"image {reference} must be a data:image/...;base64, URL (slotread fetches no image from elsewhere)"
+                msg = (
+                    f"image {reference} must be a data:image/...;base64, URL (slotread fetches no image from elsewhere)"
+                )
                 raise InvalidRequest.at(["body", "input", m, "content", p, "image_url"], msg)
             texts.append(reference)
             assets[reference] = {"type": "image", "data_base64": match[1]}

@@ -47,6 +47,9 @@ class ImageLimits:
     pixels: int = 4096 * 4096
 
 
+DEFAULT_IMAGE_LIMITS = ImageLimits()
+
+
 class WireImage(BaseModel):
     """An entry of System One's ``images``: base64 data and its content type."""
 
@@ -133,7 +136,8 @@ def listed_images(images: list[str | WireImage], limits: ImageLimits) -> list[Im
     """System One's ``images``, decoded, all ahead of the state."""
     decoded = []
     for index, entry in enumerate(images):
-        name, loc = f"images[{index}]", ["images", index]
+        name = f"images[{index}]"
+        loc: Loc = ["images", index]
         if isinstance(entry, str):
             data = data_url_bytes(entry, name, loc)
         else:
@@ -157,7 +161,9 @@ def placed_assets(
             problems.append(_problem(loc, "an asset's reference must not be empty").detail[0])
         elif asset.part is not None:
             if asset.part not in parts:
-                problems.append(_problem([*loc, "part"], f"asset {reference!r} names part {asset.part!r}, not sent").detail[0])
+                problems.append(
+                    _problem([*loc, "part"], f"asset {reference!r} names part {asset.part!r}, not sent").detail[0]
+                )
             elif asset.part in claimed:
                 msg = f"part {asset.part!r} is claimed by assets {claimed[asset.part]!r} and {reference!r}"
                 problems.append(_problem([*loc, "part"], msg).detail[0])

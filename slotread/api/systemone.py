@@ -18,7 +18,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
-from slotread.api.images import ImageLimits, WireAsset, WireImage, check_count, listed_images, placed_assets
+from slotread.api.images import (
+    DEFAULT_IMAGE_LIMITS,
+    ImageLimits,
+    WireAsset,
+    WireImage,
+    check_count,
+    listed_images,
+    placed_assets,
+)
 from slotread.api.responses import Level
 from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
@@ -271,7 +279,7 @@ def to_decision(
     max_samples: int = DEFAULT_MAX_SAMPLES,
     max_options: int = MAX_CHOICE_OPTIONS,
     max_permutations: int = DEFAULT_MAX_PERMUTATIONS,
-    image_limits: ImageLimits = ImageLimits(),
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     parts: dict[str, bytes] | None = None,
 ) -> Decision:
     """Check what the shape cannot (limits, references between questions) and build the Decision.

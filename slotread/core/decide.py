@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from slotread.core.aggregate import aggregate_reads, softmax
-from slotread.core.images import PlacedImages, place_images
 from slotread.core.answers import Answer, Read
 from slotread.core.assignments import listing_order, shifts, to_option_order
+from slotread.core.images import PlacedImages, place_images
 from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Decision, Question
 from slotread.engines.base import Engine, ReadRequest, SlotScores, vision_of

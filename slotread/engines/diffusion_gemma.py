@@ -640,9 +640,7 @@ def _parent(request: ReadRequest, deferred: dict[Ids, int], boundaries: dict[Ids
     return boundaries[ids][deferred[ids]]
 
 
-def _image_tokens(
-    rows: list[list[int]], features: dict[int, torch.Tensor], device: torch.device
-) -> ImageTokens | None:
+def _image_tokens(rows: list[list[int]], features: dict[int, torch.Tensor], device: torch.device) -> ImageTokens | None:
     """Where the images' handles sit in encoder ``rows`` (B, N), each run of one handle an image whose
     soft tokens are ``features[handle]`` in order; None when no row holds one."""
     where: list[int] = []
@@ -650,13 +648,15 @@ def _image_tokens(
     blocks = [[-1] * len(row) for row in rows]
     for r, row in enumerate(rows):
         image = -1
-        for (handle, run) in groupby(enumerate(row), key=lambda item: item[1]):
+        for handle, run in groupby(enumerate(row), key=lambda item: item[1]):
             columns = [column for column, _ in run]
             if handle >= 0:
                 continue
             image += 1
             if len(columns) != features[handle].shape[0]:
-                raise ValueError(f"an image has {len(columns)} placeholders for {features[handle].shape[0]} soft tokens")
+                raise ValueError(
+                    f"an image has {len(columns)} placeholders for {features[handle].shape[0]} soft tokens"
+                )
             where += [r * len(row) + column for column in columns]
             parts.append(features[handle])
             for column in columns:

@@ -37,16 +37,21 @@ class GemmaVision:
 
     def __init__(self, model: DiffusionGemmaForBlockDiffusion, max_soft_tokens: int = SOFT_TOKENS) -> None:
         # the PIL backend: the same resize and patches as the torchvision one, without torchvision
+        from transformers.models.gemma4 import Gemma4VisionConfig
         from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
         config = model.config
         vision = config.vision_config
+        assert isinstance(vision, Gemma4VisionConfig), "a DiffusionGemma without a vision tower reads no image"
         self._processor = Gemma4ImageProcessorPil(
-            patch_size=vision.patch_size, pooling_kernel_size=vision.pooling_kernel_size, max_soft_tokens=max_soft_tokens
+            patch_size=vision.patch_size,
+            pooling_kernel_size=vision.pooling_kernel_size,
+            max_soft_tokens=max_soft_tokens,
         )
         self._encoder = model.model.encoder
         self._dtype = model.dtype
         self._device = model.device
+        assert config.boi_token_id is not None and config.eoi_token_id is not None
         self.begin, self.end = int(config.boi_token_id), int(config.eoi_token_id)
         self._features: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.runs = 0  # images the tower has read

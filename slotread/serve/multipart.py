@@ -39,7 +39,9 @@ def split_multipart(data: bytes, content_type: str) -> dict[str, bytes]:
     delimiter = b"--" + match[1].encode("latin-1")
     chunks = data.split(delimiter)
     if len(chunks) < 3 or not chunks[-1].startswith(b"--"):
-        raise InvalidRequest.at(["body"], "the multipart body does not end with its closing boundary", "multipart_invalid")
+        raise InvalidRequest.at(
+            ["body"], "the multipart body does not end with its closing boundary", "multipart_invalid"
+        )
     parts: dict[str, bytes] = {}
     for chunk in chunks[1:-1]:
         head, found, content = chunk.partition(b"\r\n\r\n")
@@ -79,7 +81,9 @@ async def read_decision_body(request: Request, settings: Settings) -> tuple[Any,
     if content_type.lower().startswith("multipart/form-data"):
         parts = split_multipart(data, content_type)
         if "request" not in parts:
-            raise InvalidRequest.at(["body"], "the multipart body has no JSON part named 'request'", "multipart_invalid")
+            raise InvalidRequest.at(
+                ["body"], "the multipart body has no JSON part named 'request'", "multipart_invalid"
+            )
         data = parts.pop("request")
     body = parse_json(data)
     if len(data) > settings.max_body_bytes and not _carries_images(body, parts):

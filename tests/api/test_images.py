@@ -19,7 +19,9 @@ from slotread.serve.multipart import split_multipart
 QUESTIONS = {"q": {"type": "noul"}}
 
 
-def image_file(kind: str = "PNG", size: tuple[int, int] = (20, 10), colour: tuple[int, int, int] = (200, 10, 10)) -> bytes:
+def image_file(
+    kind: str = "PNG", size: tuple[int, int] = (20, 10), colour: tuple[int, int, int] = (200, 10, 10)
+) -> bytes:
     buffer = io.BytesIO()
     PilImage.new("RGB", size, colour).save(buffer, format=kind)
     return buffer.getvalue()
@@ -60,7 +62,10 @@ def test_asset_references_are_replaced_where_the_state_names_them() -> None:
     red, blue = image_file(colour=(255, 0, 0)), image_file(colour=(0, 0, 255))
     body = {
         "state": "before <image:a> middle <image:b> end <image:a>",
-        "assets": {"<image:a>": {"type": "image", "part": "asset-0"}, "<image:b>": {"type": "image", "part": "asset-1"}},
+        "assets": {
+            "<image:a>": {"type": "image", "part": "asset-0"},
+            "<image:b>": {"type": "image", "part": "asset-1"},
+        },
         "questions": QUESTIONS,
     }
     found = decision(body, {"asset-0": red, "asset-1": blue})
@@ -71,7 +76,10 @@ def test_asset_references_are_replaced_where_the_state_names_them() -> None:
         ("'<image:a>'", 20),
     ]
     # inside a JSON state, as the official client sends an Image placed in a dict
-    json_body = {"state": {"photo": "ref1", "note": "x"}, "assets": {"ref1": {"data_base64": base64.b64encode(red).decode()}}}
+    json_body = {
+        "state": {"photo": "ref1", "note": "x"},
+        "assets": {"ref1": {"data_base64": base64.b64encode(red).decode()}},
+    }
     found = decision({**json_body, "questions": QUESTIONS})
     assert found.state == '{"photo": "", "note": "x"}'
     assert found.images[0].offset == len('{"photo": "')
@@ -104,7 +112,15 @@ def test_every_image_problem_is_a_422_naming_the_image() -> None:
 def test_openai_input_image_parts_become_assets_where_they_stand() -> None:
     png = image_file()
     body = {
-        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": data_url(png)}]}],
+        "input": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Look:"},
+                    {"type": "input_image", "image_url": data_url(png)},
+                ],
+            }
+        ],
         "questions": [{"type": "predicate", "instructions": "Is it red?"}],
     }
     wire = decisions.to_systemone(decisions.parse_request(body))
@@ -112,7 +128,10 @@ def test_openai_input_image_parts_become_assets_where_they_stand() -> None:
     assert wire["state"] == f"Look:\n\n{reference}" and set(wire["assets"]) == {reference}
     found = decision(wire)
     assert found.state == "Look:\n\n" and found.images[0].offset == len("Look:\n\n")
-    remote = {**body, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": {"url": "https://x/y.png"}}]}]}
+    remote = {
+        **body,
+        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": {"url": "https://x/y.png"}}]}],
+    }
     with pytest.raises(InvalidRequest) as caught:
         decisions.to_systemone(decisions.parse_request(remote))
     assert caught.value.detail[0]["loc"] == ["body", "input", 0, "content", 0, "image_url"]

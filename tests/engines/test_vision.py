@@ -31,7 +31,9 @@ def picture(seed: int, height: int = 48, width: int = 72) -> Image:
     return Image(f"picture {seed}", hashlib.sha256(pixels.tobytes()).digest(), pixels, offset=0)
 
 
-def library_slots(model: DiffusionGemmaForBlockDiffusion, request: ReadRequest, bidirectional: bool) -> list[np.ndarray]:
+def library_slots(
+    model: DiffusionGemmaForBlockDiffusion, request: ReadRequest, bidirectional: bool
+) -> list[np.ndarray]:
     """The library's label logits at the request's slots (its full forward; image handles read as
     ``image_token_id``); ``bidirectional=False`` leaves out the image blocks (plain causal masks)."""
     image_id = model.config.image_token_id
@@ -46,7 +48,9 @@ def library_slots(model: DiffusionGemmaForBlockDiffusion, request: ReadRequest, 
         position_ids=torch.arange(length)[None],
         mm_token_type_ids=kinds if bidirectional else None,
     )
-    noised = noise_canvas(request.canvas, [slot.position for slot in request.slots], request.seed, model.config.text_config.vocab_size)
+    noised = noise_canvas(
+        request.canvas, [slot.position for slot in request.slots], request.seed, model.config.text_config.vocab_size
+    )
     images = request.images
     with torch.inference_mode():
         logits = model(
@@ -75,7 +79,9 @@ def engine(tiny_float: LoadedModel) -> DiffusionGemmaEngine:
     return DiffusionGemmaEngine(tiny_float.model)
 
 
-def rendered_read(engine: DiffusionGemmaEngine, renderer: Renderer, state: str, images: tuple[Image, ...], seed: int) -> ReadRequest:
+def rendered_read(
+    engine: DiffusionGemmaEngine, renderer: Renderer, state: str, images: tuple[Image, ...], seed: int
+) -> ReadRequest:
     question = Question("q", "choice", "Which colour is the square?", (Option("red"), Option("green"), Option("blue")))
     assert engine.vision is not None
     placed = place_images(state, images, engine.vision, renderer)

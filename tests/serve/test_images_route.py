@@ -47,7 +47,9 @@ def test_the_official_client_sends_an_image_question_as_multipart_and_parses_the
             state={"photo": photo, "caption": "a square"},
             questions={
                 "red": Noul(instructions="Is the square red?"),
-                "colour": Choice(instructions="Which colour is it?", criteria={"red": None, "green": None, "blue": None}),
+                "colour": Choice(
+                    instructions="Which colour is it?", criteria={"red": None, "green": None, "blue": None}
+                ),
             },
         )
         names = [model.name for model in client.models.list().models]
@@ -66,12 +68,19 @@ def test_the_official_client_sends_an_image_question_as_multipart_and_parses_the
 def test_openai_input_image_parts_and_image_limits_through_the_server(diffusion_server: Live) -> None:
     url = "data:image/png;base64," + base64.b64encode(png((0, 0, 200))).decode()
     body = {
-        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": url}]}],
+        "input": [
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": url}],
+            }
+        ],
         "questions": [{"type": "predicate", "instructions": "Is the square blue?"}],
     }
     with diffusion_server.client() as client:
         answered = client.post("/v1/decisions", json=body)
-        too_many = client.post("/v1/systemone", json={"state": "s", "images": [url] * 3, "questions": {"q": {"type": "noul"}}})
+        too_many = client.post(
+            "/v1/systemone", json={"state": "s", "images": [url] * 3, "questions": {"q": {"type": "noul"}}}
+        )
     assert answered.status_code == 200, answered.text
     assert 0 <= answered.json()["answers"][0]["probability"] <= 1
     assert too_many.status_code == 422
@@ -83,7 +92,11 @@ def test_a_text_only_model_refuses_images_naming_itself(smollm2_server: Live) ->
     with smollm2_server.client() as client:
         refused = client.post(
             "/v1/systemone",
-            json={"state": "x", "images": ["data:image/png;base64," + base64.b64encode(photo).decode()], "questions": {"q": {"type": "noul"}}},
+            json={
+                "state": "x",
+                "images": ["data:image/png;base64," + base64.b64encode(photo).decode()],
+                "questions": {"q": {"type": "noul"}},
+            },
         )
         models = client.get("/v1/models").json()["models"]
     assert refused.status_code == 422

@@ -48,7 +48,10 @@ async def list_models(service: ServiceDep) -> ModelList:
     served = describe(decider.name).model_copy(update={"x_images": decider.takes_images})
     aliases = [
         ModelInfo(
-            name=alias, description=f"alias of {served.name}", release_date=served.release_date, x_images=served.x_images
+            name=alias,
+            description=f"alias of {served.name}",
+            release_date=served.release_date,
+            x_images=served.x_images,
         )
         for alias in MODEL_ALIASES
     ]

@@ -1,8 +1,8 @@
 """``POST /v1/systemone``: the System One body goes to the Decider as it is; the answer comes back as it is.
 
 The Decider validates the body (422 detail located under ``body``); a multipart body's image files
-go with it (``serve/multipart.py``). This route only reads what the server itself needs first: the client's ``request_id`` (echoed in ``x-typesafe-request-id``) and
-the queue ``priority``.
+go with it (``serve/multipart.py``). This route only reads what the server itself needs first: the
+client's ``request_id`` (echoed in ``x-typesafe-request-id``) and the queue ``priority``.
 """
 
 from __future__ import annotations
