@@ -164,6 +164,7 @@ class DiffusionGemmaEngine:
         #: prepares images and runs the vision tower (``engines/vision.py``); a prompt's image segment is
         #: encoded by ``encode`` with the tower's features in place of the image's handles
         self.vision = GemmaVision(model) if getattr(model.config, "vision_config", None) is not None else None
+        self._image_blocks = self._config.use_bidirectional_attention == "vision"
         # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
         use_graphs = cuda_graphs and model.device.type == "cuda" and model.dtype == torch.bfloat16
         self._graphs = (
@@ -348,7 +349,7 @@ class DiffusionGemmaEngine:
             [*prefix[start:], *[self._pad_id] * (new - length)]
             for prefix, start, length in zip(prefixes, starts, lengths, strict=True)
         ]
-        images = _image_tokens(rows, features, device) if features else None
+        images = _image_tokens(rows, features, device, self._image_blocks) if features else None
         if images is not None:
             rows = [[self._pad_id if token < 0 else token for token in row] for row in rows]
         return NewTokens(
@@ -640,9 +641,12 @@ def _parent(request: ReadRequest, deferred: dict[Ids, int], boundaries: dict[Ids
     return boundaries[ids][deferred[ids]]
 
 
-def _image_tokens(rows: list[list[int]], features: dict[int, torch.Tensor], device: torch.device) -> ImageTokens | None:
+def _image_tokens(
+    rows: list[list[int]], features: dict[int, torch.Tensor], device: torch.device, bidirectional: bool
+) -> ImageTokens | None:
     """Where the images' handles sit in encoder ``rows`` (B, N), each run of one handle an image whose
-    soft tokens are ``features[handle]`` in order; None when no row holds one."""
+    soft tokens are ``features[handle]`` in order (``bidirectional``: attending to each other both
+    ways); None when no row holds one."""
     where: list[int] = []
     parts: list[torch.Tensor] = []
     blocks = [[-1] * len(row) for row in rows]
@@ -663,7 +667,7 @@ def _image_tokens(rows: list[list[int]], features: dict[int, torch.Tensor], devi
                 blocks[r][column] = image
     if not where:
         return None
-    return ImageTokens(_on(device, where), torch.cat(parts).to(device), _on(device, blocks))
+    return ImageTokens(_on(device, where), torch.cat(parts).to(device), _on(device, blocks) if bidirectional else None)
 
 
 def _tied(model: DiffusionGemmaForBlockDiffusion) -> bool:

@@ -93,11 +93,12 @@ class ImageTokens:
     """Soft tokens of images among encoder rows: ``where`` (K,) their places in the flat (B * N) new
     tokens, ``features`` (K, hidden) their embeddings from the vision tower, and ``blocks`` (B, N) each
     new token's image in its row (-1: text). The tokens of one image attend to each other in both
-    directions, as the library's ``use_bidirectional_attention="vision"`` masks do."""
+    directions, as the library's ``use_bidirectional_attention="vision"`` masks do; ``blocks`` None:
+    a model without it reads them causally, as text."""
 
     where: torch.Tensor
     features: torch.Tensor
-    blocks: torch.Tensor
+    blocks: torch.Tensor | None
 
 
 @dataclass(frozen=True)
