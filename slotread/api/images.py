@@ -134,6 +134,7 @@ def data_url_bytes(url: str, name: str, loc: Loc) -> bytes:
 
 def listed_images(images: list[str | WireImage], limits: ImageLimits) -> list[Image]:
     """System One's ``images``, decoded, all ahead of the state."""
+    check_count(len(images), limits)
     decoded = []
     for index, entry in enumerate(images):
         name = f"images[{index}]"
@@ -147,11 +148,11 @@ def listed_images(images: list[str | WireImage], limits: ImageLimits) -> list[Im
 
 
 def placed_assets(
-    state: Any, assets: Mapping[str, WireAsset], parts: Mapping[str, bytes], limits: ImageLimits
+    state: Any, assets: Mapping[str, WireAsset], parts: Mapping[str, bytes], limits: ImageLimits, listed: int = 0
 ) -> tuple[str, list[Image]]:
     """The state's text with every asset reference taken out, and the assets' images placed where their
-    references were. Every asset must be referenced from the state, and every multipart part claimed by
-    exactly one asset."""
+    references were (with ``listed`` images ahead of the state, at most ``limits.count`` in all). Every
+    asset must be referenced from the state, and every multipart part claimed by exactly one asset."""
     problems: list[ErrorDetail] = []
     claimed: dict[str, str] = {}
     files: dict[str, bytes] = {}
@@ -189,6 +190,7 @@ def placed_assets(
             problems.append(_problem(["assets", reference], msg).detail[0])
     if problems:
         raise InvalidRequest(problems)
+    check_count(listed + sum(map(len, places.values())), limits)
     images = [
         decode_image(files[reference], repr(reference), ["assets", reference], limits, offset)
         for reference, offsets in places.items()
@@ -219,10 +221,10 @@ def _take_references(state: Any, references: list[str]) -> tuple[str, dict[str, 
     return "".join(pieces), places
 
 
-def check_count(images: list[Image], limits: ImageLimits) -> None:
-    """At most ``limits.count`` images (each place of a reference counts)."""
-    if len(images) > limits.count:
-        raise _problem(["images"], f"at most {limits.count} images per request, got {len(images)}", "too_many_images")
+def check_count(count: int, limits: ImageLimits) -> None:
+    """At most ``limits.count`` images (each place of a reference counts), checked before any is decoded."""
+    if count > limits.count:
+        raise _problem(["images"], f"at most {limits.count} images per request, got {count}", "too_many_images")
 
 
 def new_reference() -> str:

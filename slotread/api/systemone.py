@@ -23,7 +23,6 @@ from slotread.api.images import (
     ImageLimits,
     WireAsset,
     WireImage,
-    check_count,
     listed_images,
     placed_assets,
 )
@@ -31,6 +30,7 @@ from slotread.api.responses import Level
 from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
 from slotread.core.decide import DecisionResult
+from slotread.core.images import Image
 from slotread.core.questions import (
     AUTO_MAX,
     AUTO_THRESHOLD,
@@ -347,17 +347,16 @@ def to_decision(
     )
 
 
-def _state_images(request: SystemOneRequest, limits: ImageLimits, parts: dict[str, bytes]) -> tuple[str, list[Any]]:
+def _state_images(request: SystemOneRequest, limits: ImageLimits, parts: dict[str, bytes]) -> tuple[str, list[Image]]:
     """The state text and its decoded images: ``images`` ahead of it, ``assets`` where it references them."""
     listed = listed_images(request.images or [], limits)
     if request.assets is None and parts:
         raise InvalidRequest.at(["body", "assets"], "the multipart body has files but the request names no assets")
     state, placed = (
-        placed_assets(request.state, request.assets, parts, limits)
+        placed_assets(request.state, request.assets, parts, limits, len(listed))
         if request.assets is not None
         else (render_state(request.state), [])
     )
-    check_count([*listed, *placed], limits)
     return state, [*listed, *placed]
 
 

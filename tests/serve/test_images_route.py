@@ -56,6 +56,7 @@ def test_the_official_client_sends_an_image_question_as_multipart_and_parses_the
     with diffusion_server.client() as raw:
         listed = raw.get("/v1/models").json()["models"]
     assert sent[0].headers["content-type"].startswith("multipart/form-data")
+    assert sent[0].headers["content-encoding"] == "zstd"  # the client compresses the multipart body too
     assert 0 <= result.nouls["red"].noul <= 1
     assert abs(sum(result.choices["colour"].probabilities.values()) - 1) < 1e-9
     # the image's soft tokens count as input tokens: far more than the text alone
