@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,18 +37,17 @@ class GemmaVision:
     """Prepares images for a DiffusionGemma model and runs its vision tower, keeping the features."""
 
     def __init__(self, model: DiffusionGemmaForBlockDiffusion, max_soft_tokens: int = SOFT_TOKENS) -> None:
-        # the PIL backend: the same resize and patches as the torchvision one, without torchvision
         from transformers.models.gemma4 import Gemma4VisionConfig
-        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
         config = model.config
         vision = config.vision_config
         assert isinstance(vision, Gemma4VisionConfig), "a DiffusionGemma without a vision tower reads no image"
-        self._processor = Gemma4ImageProcessorPil(
-            patch_size=vision.patch_size,
-            pooling_kernel_size=vision.pooling_kernel_size,
-            max_soft_tokens=max_soft_tokens,
-        )
+        self._processor_options = {
+            "patch_size": vision.patch_size,
+            "pooling_kernel_size": vision.pooling_kernel_size,
+            "max_soft_tokens": max_soft_tokens,
+        }
+        self._processor: Any = None  # built with the first image: text reads need no pillow
         self._encoder = model.model.encoder
         self._dtype = model.dtype
         self._device = model.device
@@ -59,6 +59,11 @@ class GemmaVision:
 
     def prepare(self, pixels: np.ndarray, digest: bytes) -> ImageInput:
         """The image (RGB (H, W, 3) uint8) resized, patchified and padded as the processor does."""
+        if self._processor is None:
+            # the PIL backend: the same resize and patches as the torchvision one, without torchvision
+            from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+            self._processor = Gemma4ImageProcessorPil(**self._processor_options)
         out = self._processor(images=[pixels], return_tensors="np")
         tokens = int(out["num_soft_tokens_per_image"][0])
         handle = image_handle(digest)
