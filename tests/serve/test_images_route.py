@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
+import numpy as np
 import pytest
 from PIL import Image as PilImage
 from typesafe_sdk import Choice, Image, Noul, RetryPolicy, TypeSafeClient, TypeSafeUnprocessableEntityError
@@ -41,7 +42,11 @@ def test_the_official_client_sends_an_image_question_as_multipart_and_parses_the
     monkeypatch.setenv("TYPESAFE_API_KEY", "any-key-auth-is-off")
     sent: list[httpx2.Request] = []
     recorder = httpx2.Client(timeout=60.0, event_hooks={"request": [sent.append]})
-    photo = Image(png((220, 30, 30)))
+    # a noisy photo: a body over 1 KiB, which the client compresses
+    noise = (np.random.default_rng(0).random((48, 48, 3)) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    PilImage.fromarray(noise).save(buffer, format="PNG")
+    photo = Image(buffer.getvalue())
     with TypeSafeClient(http_client=recorder, retry=RetryPolicy(max_retries=0)) as client:
         result = client.system_one(
             state={"photo": photo, "caption": "a square"},
