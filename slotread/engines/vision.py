@@ -26,6 +26,9 @@ from slotread.engines.base import ImageInput
 SOFT_TOKENS = 280
 #: Images whose features are kept: 280 soft tokens of the 26B-A4B shape hold 1.6 MB in bfloat16.
 KEPT_IMAGES = 256
+#: Prepared images kept (their patches: 2,520 x 768 float32, 7.7 MB each for the 26B-A4B processor), so
+#: a question about a recent image skips the processor's resize too.
+KEPT_PREPARED = 16
 
 
 def image_handle(digest: bytes) -> int:
@@ -54,11 +57,16 @@ class GemmaVision:
         assert config.boi_token_id is not None and config.eoi_token_id is not None
         self.begin, self.end = int(config.boi_token_id), int(config.eoi_token_id)
         self._features: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._prepared: OrderedDict[bytes, ImageInput] = OrderedDict()
         self.runs = 0  # images the tower has read
         self.hits = 0  # images found among the kept features
 
     def prepare(self, pixels: np.ndarray, digest: bytes) -> ImageInput:
-        """The image (RGB (H, W, 3) uint8) resized, patchified and padded as the processor does."""
+        """The image (RGB (H, W, 3) uint8) resized, patchified and padded as the processor does (a recent
+        image's from ``KEPT_PREPARED``, by digest)."""
+        if digest in self._prepared:
+            self._prepared.move_to_end(digest)
+            return self._prepared[digest]
         if self._processor is None:
             # the PIL backend: the same resize and patches as the torchvision one, without torchvision
             from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
@@ -67,13 +75,16 @@ class GemmaVision:
         out = self._processor(images=[pixels], return_tensors="np")
         tokens = int(out["num_soft_tokens_per_image"][0])
         handle = image_handle(digest)
-        return ImageInput(
+        prepared = self._prepared[digest] = ImageInput(
             handle=handle,
             tokens=tokens,
             ids=(self.begin, *[handle] * tokens, self.end),
             pixel_values=np.asarray(out["pixel_values"][0], dtype=np.float32),
             position_ids=np.asarray(out["image_position_ids"][0], dtype=np.int64),
         )
+        if len(self._prepared) > KEPT_PREPARED:
+            self._prepared.popitem(last=False)
+        return prepared
 
     def features(self, images: Iterable[ImageInput]) -> dict[int, torch.Tensor]:
         """Each image's soft-token embeddings (tokens, hidden) in the model's dtype, by handle; the tower

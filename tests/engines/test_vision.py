@@ -121,6 +121,7 @@ def test_a_second_question_about_the_same_image_does_not_run_the_tower_again(
     engine.read([first])
     assert engine.vision.runs == runs + 1
     again = rendered_read(engine, renderer, "What is it, again?", (image,), seed=2)
+    assert again.images[0] is first.images[0]  # the processor's output is kept too
     assert engine.read([again])
     assert engine.vision.runs == runs + 1  # the kept features, not the tower
 
