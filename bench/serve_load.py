@@ -21,7 +21,12 @@ Workloads (text is random common words; a word is about 1.3 tokens):
 * ``w2``: mixed traffic: three schemas (support triage with ``depends_on``/``ask_if``, a 77-option
   intent choice, a moderation schema of which a request asks its first 1-8 questions), states of
   20-400 tokens, 10% of requests with ``x_samples: "auto"``;
-* ``support``: README's example questions about short support messages (the CPU path).
+* ``support``: README's example questions about short support messages (the CPU path);
+* ``image``: a 3-question decision (a yes/no, a 4-option colour choice, a 5-level count) about one
+  fresh 512x512 PNG per request (one to four coloured squares on a plain ground, sent as System One
+  ``images``) and a 10-word caption: the vision tower runs for every decision; ``image-cached``: the
+  same questions about one fixed image with a fresh caption: the tower's features are kept, the
+  image's tokens are still encoded with each new caption (they sit in the state's segment).
 
 The share of the bf16 peak counts 2 FLOPs per active parameter per new token (attention left out)
 against ``--peak-tflops`` (788 measured on an H200 here).
@@ -193,6 +198,37 @@ MESSAGES = [
     "Thanks for the quick help last week, everything works now.",
 ]
 README_QUESTIONS = {k: v for k, v in SUPPORT_QUESTIONS.items() if k in ("urgent", "intent", "severity")}
+IMAGE_QUESTIONS: dict[str, Any] = {
+    "red": {"type": "noul", "instructions": "Is there a red square in the image?"},
+    "colour": {
+        "type": "choice",
+        "instructions": "What colour is the largest square?",
+        "criteria": {"red": None, "green": None, "blue": None, "yellow": None},
+    },
+    "count": {"type": "score", "instructions": "How many squares are there?", "criteria": ["0", "1", "2", "3", "4"]},
+}
+COLOURS = [(220, 30, 30), (30, 180, 60), (40, 60, 220), (230, 210, 40)]
+
+
+def square_image(rng: random.Random, size: int = 512) -> str:
+    """A ``size``-pixel PNG of one to four coloured squares on a light ground, as a data URL."""
+    import base64
+    import io
+
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (size, size), (245, 245, 240))
+    draw = ImageDraw.Draw(image)
+    for _ in range(rng.randint(1, 4)):
+        side = rng.randint(size // 10, size // 3)
+        x, y = rng.randrange(size - side), rng.randrange(size - side)
+        draw.rectangle((x, y, x + side, y + side), fill=rng.choice(COLOURS))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+FIXED_IMAGE = square_image(random.Random(0))
 
 
 def make_request(workload: str, rng: random.Random) -> dict[str, Any]:
@@ -203,6 +239,9 @@ def make_request(workload: str, rng: random.Random) -> dict[str, Any]:
         return {**body, "x_joint": True} if workload == "w1-joint" else body
     if workload == "support":
         return {"state": rng.choice(MESSAGES), "questions": README_QUESTIONS, "x_seed": seed}
+    if workload in ("image", "image-cached"):
+        image = FIXED_IMAGE if workload == "image-cached" else square_image(rng)
+        return {"state": words(rng, 10), "images": [image], "questions": IMAGE_QUESTIONS, "x_seed": seed}
     state = paragraph(rng, rng.randint(15, 300))
     kind = rng.randrange(3)
     if kind == 0:
@@ -352,14 +391,15 @@ def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], 
         f"| {topology} | {workload} | {concurrency} | {rate:.1f} | {percentile(latencies, 0.5) * 1000:.0f} | "
         f"{percentile(latencies, 0.99) * 1000:.0f} | {statuses} | {new / decisions:.0f} | {share:.1%} | "
         f"{per('slotread_engine_prefix_cache_hits')} / {per('slotread_engine_prefix_cache_misses')} | "
-        f"{counters.get('slotread_engine_graph_captures', 0):.0f} | {per('process_cpu_seconds_total', 1000)} |"
+        f"{counters.get('slotread_engine_graph_captures', 0):.0f} | {per('process_cpu_seconds_total', 1000)} | "
+        f"{per('slotread_engine_vision_runs')} |"
     )
 
 
 HEADER = (
     "| topology | workload | c | decisions/s | p50 ms | p99 ms | statuses | new tokens/dec | bf16 peak | "
-    "cache hits / misses per dec | graph captures | host CPU ms/dec |\n"
-    "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|"
+    "cache hits / misses per dec | graph captures | host CPU ms/dec | vision runs/dec |\n"
+    "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|"
 )
 
 

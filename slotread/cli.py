@@ -268,6 +268,7 @@ def _serve(args: argparse.Namespace) -> int:
                 calibration_dir=settings.calibration_dir,
                 readout_dir=settings.readout_dir,
                 example_banks=banks,
+                image_limits=settings.image_limits,
             )
         except BaseException as exc:
             failed.append(exc)

@@ -17,14 +17,15 @@ from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
 from slotread.api.bank_file import read_bank
+from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
 from slotread.core.decide import DecisionResult
-from slotread.engines.base import Engine
+from slotread.engines.base import Engine, vision_of
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError, UnknownModel
+from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
@@ -113,6 +114,9 @@ class Decider:
 
     ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
     read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
+
+    ``image_limits`` bound the images of a request; only a model with a vision tower read in process
+    (DiffusionGemma) takes them (``takes_images``), any other refuses them with a 422 naming it.
     """
 
     def __init__(
@@ -136,6 +140,7 @@ class Decider:
         calibration_dir: Path | None = None,
         example_banks: Sequence[ExampleBank] = (),
         readout_dir: Path | None = None,
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         if upstreams:
             if isinstance(model, LoadedModel):
@@ -171,6 +176,7 @@ class Decider:
         self.max_options = max_options
         self.max_permutations = max_permutations
         self.max_prompt_tokens = max_prompt_tokens
+        self.image_limits = image_limits
         try:
             self.calibrations = CalibrationStore(self.name, calibration_dir)
             self.banks = ExampleBanks(example_banks)
@@ -191,13 +197,19 @@ class Decider:
             self._renderers[layout] = Renderer(self.renderer.tokenizer, self.engine.family, layout)
         return self._renderers[layout]
 
-    def decide(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer a System One request body; returns the response body.
+    @property
+    def takes_images(self) -> bool:
+        """Whether requests may carry images: the engine reads them (a vision tower, in process)."""
+        return vision_of(self.engine) is not None
+
+    def decide(self, request: dict[str, Any], parts: dict[str, bytes] | None = None) -> dict[str, Any]:
+        """Answer a System One request body (``parts``: a multipart body's files by part name, which its
+        ``assets`` name); returns the response body.
 
         Raises InvalidRequest (with FastAPI-style ``detail``), UnknownModel or PromptTooLong; with
         upstreams also UpstreamUnavailable or UpstreamError.
         """
-        wire, result = self._answer(request)
+        wire, result = self._answer(request, parts)
         deterministic = None if isinstance(self.engine, RemoteEngine) else self.engine.deterministic
         return systemone.to_response(result, wire, self.name, deterministic)
 
@@ -206,16 +218,22 @@ class Decider:
         logits in option order, with the assignment each was read under), which fitting needs."""
         return self._answer(request)[1]
 
-    def _answer(self, request: dict[str, Any]) -> tuple[systemone.SystemOneRequest, DecisionResult]:
+    def _answer(
+        self, request: dict[str, Any], parts: dict[str, bytes] | None = None
+    ) -> tuple[systemone.SystemOneRequest, DecisionResult]:
         wire = systemone.parse_request(request)
         if wire.model is not None and wire.model not in (self.name, *MODEL_ALIASES):
             raise UnknownModel(wire.model, [self.name, *MODEL_ALIASES])
+        if (wire.images or wire.assets or parts) and not self.takes_images:
+            raise self._no_images()
         decision = systemone.to_decision(
             wire,
             max_questions=self.max_questions,
             max_samples=self.max_samples,
             max_options=self.max_options,
             max_permutations=self.max_permutations,
+            image_limits=self.image_limits,
+            parts=parts,
         )
         layout = self.readouts.layout_for(decision) if decision.readout else None
         renderer = self.renderer_for(layout) if layout else self.renderer
@@ -223,3 +241,14 @@ class Decider:
             decision, self.engine, renderer, self.calibrations, self.max_prompt_tokens, self.banks, self.readouts
         )
         return wire, result
+
+    def _no_images(self) -> InvalidRequest:
+        if isinstance(self.engine, RemoteEngine):
+            msg = (
+                f"images cannot go through --upstream: slotread sends reads to vLLM's completions API as token ids, "
+                f"which carry no images; serve {self.name} in process to ask about images"
+            )
+        else:
+            msg = f"model {self.name!r} reads text only: it takes no images"
+        loc = ["body", "images"]
+        return InvalidRequest.at(loc, msg, "images_not_supported")

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from slotread.api.images import ImageLimits
 from slotread.models.registry import DEFAULT_MODEL
 
 #: decisions a gateway (``upstreams`` set) runs at once unless told otherwise
@@ -73,6 +74,12 @@ class Settings(BaseSettings):
     retry_after_s: float = Field(1.0, gt=0)
     #: request body limit in bytes, checked on the wire and again after decompression
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    #: images one request may carry (System One ``images`` and ``assets``, OpenAI ``input_image`` parts)
+    max_images: int = Field(8, ge=0, le=64)
+    #: bytes of one image file (PNG, JPEG or WebP) as sent
+    max_image_bytes: int = Field(5 * 2**20, ge=1024)
+    #: pixels of one decoded image; below it the model's image processor resizes it to its own budget
+    max_image_pixels: int = Field(4096 * 4096, ge=64)
     max_questions: int = Field(64, ge=1)
     max_samples: int = Field(32, ge=1)
     #: largest x_permutations (option→label assignments per question; each is a read)
@@ -91,6 +98,11 @@ class Settings(BaseSettings):
     #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
     #: x_shortlist and readouts fitted with a vote or a lexical partner
     example_banks: list[Path] = Field(default_factory=list)
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        """The limits on a request's images, as the Decider takes them."""
+        return ImageLimits(self.max_images, self.max_image_bytes, self.max_image_pixels)
 
     @field_validator("upstreams", mode="before")
     @classmethod

@@ -2,7 +2,9 @@
 
 Request: ``{model?, input, questions: [...]}``. ``input`` is a string, or a list of user messages
 whose ``content`` is a string or a list of ``{"type": "input_text", "text": ...}`` parts (their
-texts, joined by blank lines, become the state). Questions are a list; each has ``type``, an
+texts, joined by blank lines, become the state) and ``{"type": "input_image", "image_url":
+"data:image/...;base64,..."}`` parts (also ``image_url: {"url": ...}``): each image sits in the state
+where its part is, on models that read images (``api/images.py``). Questions are a list; each has ``type``, an
 optional ``name`` (unique when given) and optional ``instructions``:
 
 * ``predicate``: a statement or yes/no question; answered with ``probability`` that it holds;
@@ -31,6 +33,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from slotread.api.images import DATA_URL as _DATA_URL
 from slotread.api.systemone import ReadOptions
 from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import choice_confidence
@@ -49,16 +52,31 @@ class TextPart(_Wire):
     text: str
 
 
-class UserMessage(_Wire):
-    """A user message: a string, or a list of text parts."""
+class ImageUrl(_Wire):
+    """The chat form of an image part's URL."""
 
-    role: Literal["user"]
-    content: str | list[TextPart]
+    url: str
+
+
+class ImagePart(_Wire):
+    """An image part of a message: a ``data:image/...;base64,`` URL (slotread fetches nothing)."""
+
+    type: Literal["input_image", "image_url"]
+    image_url: str | ImageUrl
 
     @property
-    def text(self) -> str:
-        """The message's text."""
-        return self.content if isinstance(self.content, str) else "\n\n".join(p.text for p in self.content)
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class UserMessage(_Wire):
+    """A user message: a string, or a list of text and image parts."""
+
+    role: Literal["user"]
+    content: str | list[ContentPart]
 
 
 class _Question(_Wire):
@@ -162,10 +180,26 @@ def parse_request(body: Any) -> DecisionsRequest:
     return request
 
 
-def _state(request: DecisionsRequest) -> str:
+def _state(request: DecisionsRequest) -> tuple[str, dict[str, dict[str, str]]]:
+    """The state text, with a reference where each image part was, and the images as System One assets."""
     if isinstance(request.input, str):
-        return request.input
-    return "\n\n".join(message.text for message in request.input)
+        return request.input, {}
+    texts, assets = [], {}
+    for m, message in enumerate(request.input):
+        for p, part in enumerate([message.content] if isinstance(message.content, str) else message.content):
+            if isinstance(part, str | TextPart):
+                texts.append(part if isinstance(part, str) else part.text)
+                continue
+            reference = f"<input[{m}].content[{p}]>"
+            match = _DATA_URL.fullmatch(part.url)
+            if match is None:
+                msg = (
+                    f"image {reference} must be a data:image/...;base64, URL (slotread fetches no image from elsewhere)"
+                )
+                raise InvalidRequest.at(["body", "input", m, "content", p, "image_url"], msg)
+            texts.append(reference)
+            assets[reference] = {"type": "image", "data_base64": match[1]}
+    return "\n\n".join(texts), assets
 
 
 def _criteria(question: PredicateQuestion | ChoiceQuestion | ScoreQuestion) -> dict[str, Any]:
@@ -180,8 +214,9 @@ def _criteria(question: PredicateQuestion | ChoiceQuestion | ScoreQuestion) -> d
 
 def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     """The System One body asking the same questions; question ids are list positions ("0", "1", ...)."""
+    state, assets = _state(request)
     body: dict[str, Any] = {
-        "state": _state(request),
+        "state": state,
         "questions": {
             str(index): {**_criteria(question), "instructions": question.instructions}
             for index, question in enumerate(request.questions)
@@ -189,6 +224,8 @@ def to_systemone(request: DecisionsRequest) -> dict[str, Any]:
     }
     if request.model is not None:
         body["model"] = request.model
+    if assets:
+        body["assets"] = assets
     for option in ReadOptions.model_fields:
         if getattr(request, option) is not None:
             body[option] = getattr(request, option)

@@ -18,10 +18,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
+from slotread.api.images import (
+    DEFAULT_IMAGE_LIMITS,
+    ImageLimits,
+    WireAsset,
+    WireImage,
+    listed_images,
+    placed_assets,
+)
 from slotread.api.responses import Level
 from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
 from slotread.core.decide import DecisionResult
+from slotread.core.images import Image
 from slotread.core.questions import (
     AUTO_MAX,
     AUTO_THRESHOLD,
@@ -137,6 +146,10 @@ class SystemOneRequest(ReadOptions):
 
     model: str | None = None
     state: Any = Field(...)
+    #: images ahead of the state (the example server's field), and images the state references (the
+    #: official client's), see ``api/images.py``
+    images: list[str | WireImage] | None = None
+    assets: dict[str, WireAsset] | None = None
     questions: dict[str, WireQuestion]
     instructions: Description = None
     joint: StrictBool | None = None
@@ -266,10 +279,13 @@ def to_decision(
     max_samples: int = DEFAULT_MAX_SAMPLES,
     max_options: int = MAX_CHOICE_OPTIONS,
     max_permutations: int = DEFAULT_MAX_PERMUTATIONS,
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+    parts: dict[str, bytes] | None = None,
 ) -> Decision:
     """Check what the shape cannot (limits, references between questions) and build the Decision.
 
     ``max_options`` may lower the contract's 255 options per choice (a server protecting its latency).
+    ``parts``: the files of a multipart body by part name, which ``assets`` entries name.
     """
     problems: list[ErrorDetail] = []
     if len(request.questions) > max_questions:
@@ -308,9 +324,11 @@ def to_decision(
     asked = _asked(request.ask, questions, problems)
     if problems:
         raise InvalidRequest(problems)
+    state, images = _state_images(request, image_limits, parts or {})
     joint = bool(request.x_joint if request.x_joint is not None else request.joint)
     return Decision(
-        state=render_state(request.state),
+        state=state,
+        images=tuple(images),
         questions=asked,
         instructions=render_text(request.instructions),
         seed=0 if seed is None else int(seed),
@@ -327,6 +345,19 @@ def to_decision(
         chunk_rows=request.chunk_rows,
         chunk_prompt=request.chunk_prompt or "own",
     )
+
+
+def _state_images(request: SystemOneRequest, limits: ImageLimits, parts: dict[str, bytes]) -> tuple[str, list[Image]]:
+    """The state text and its decoded images: ``images`` ahead of it, ``assets`` where it references them."""
+    listed = listed_images(request.images or [], limits)
+    if request.assets is None and parts:
+        raise InvalidRequest.at(["body", "assets"], "the multipart body has files but the request names no assets")
+    state, placed = (
+        placed_assets(request.state, request.assets, parts, limits, len(listed))
+        if request.assets is not None
+        else (render_state(request.state), [])
+    )
+    return state, [*listed, *placed]
 
 
 def _plain_or_x(request: SystemOneRequest, name: str, problems: list[ErrorDetail]) -> Any:

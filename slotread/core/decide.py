@@ -25,9 +25,10 @@ import numpy as np
 from slotread.core.aggregate import aggregate_reads, softmax
 from slotread.core.answers import Answer, Read
 from slotread.core.assignments import listing_order, shifts, to_option_order
+from slotread.core.images import PlacedImages, place_images
 from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Decision, Question
-from slotread.engines.base import Engine, ReadRequest, SlotScores
+from slotread.engines.base import Engine, ReadRequest, SlotScores, vision_of
 from slotread.errors import EngineFault, PromptTooLong
 from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
 
@@ -183,9 +184,16 @@ def _groups(
 
 
 def _units(
-    asked: tuple[Question, ...], decision: Decision, answers: dict[str, Answer | None], renderer: Renderer, limit: int
+    asked: tuple[Question, ...],
+    decision: Decision,
+    answers: dict[str, Answer | None],
+    renderer: Renderer,
+    limit: int,
+    images: PlacedImages | None = None,
 ) -> list[_Unit]:
-    """The reads of one stage: per canvas (``_groups``) and assignment one read."""
+    """The reads of one stage: per canvas (``_groups``) and assignment one read; with ``images``, the
+    state marked where they sit and their ids spliced in."""
+    state = decision.state if images is None else images.state
     units = []
     for listed, group in _groups(asked, decision, renderer):
         earlier = _earlier(listed, decision, answers, renderer)
@@ -196,12 +204,12 @@ def _units(
             shifted = tuple(a[j] if j < len(a) else None for a in assignments)
             texts = tuple(question_text(q, renderer, shift or 0) for q, shift in zip(listed, shifted, strict=True))
             if len(listed) == 1:
-                rendered = renderer.render_branch(
-                    texts[0], decision.state, decision.instructions, earlier, listed[0].examples
-                )
+                rendered = renderer.render_branch(texts[0], state, decision.instructions, earlier, listed[0].examples)
             else:
                 subset = read if len(read) < len(listed) else None
-                rendered = renderer.render_joint(texts, decision.state, decision.instructions, earlier, subset)
+                rendered = renderer.render_joint(texts, state, decision.instructions, earlier, subset)
+            if images is not None:
+                rendered = images.splice(rendered)
             if rendered.tokens > limit:
                 raise PromptTooLong(rendered.tokens, limit)
             units.append(_Unit(rendered, group, tuple(shifted[i] for i in read), []))
@@ -225,12 +233,13 @@ def decide(
     noisy = engine.noisy
     draws = 1 if not noisy or decision.samples == "auto" else int(decision.samples)
     answers: dict[str, Answer | None] = {q.id: None for q in decision.questions}
+    images = _placed(decision, engine, renderer)
     input_tokens = output_tokens = 0
     for stage in plan_stages(decision.questions):
         asked = tuple(q for q in stage if is_asked(q, answers))
         if not asked:
             continue
-        units = _units(asked, decision, answers, renderer, limit)
+        units = _units(asked, decision, answers, renderer, limit, images)
         _read(engine, units, decision.seed, range(draws), decision.readout)
         if decision.samples == "auto" and noisy:
             uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > decision.auto_threshold}
@@ -243,6 +252,17 @@ def decide(
         for answer in _answers(units):
             answers[answer.question.id] = adjust(answer) if adjust else answer
     return DecisionResult(answers, input_tokens, output_tokens)
+
+
+def _placed(decision: Decision, engine: Engine, renderer: Renderer) -> PlacedImages | None:
+    """The decision's images prepared by the engine's image reader (None without images); an engine
+    that reads text only is a ValueError (the Decider refuses such requests first, naming the model)."""
+    if not decision.images:
+        return None
+    vision = vision_of(engine)
+    if vision is None:
+        raise ValueError("this engine reads text only; the decision has images")
+    return place_images(decision.state, decision.images, vision, renderer)
 
 
 def read_each(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from slotread.core.images import Image
 from slotread.prompt.render import SolvedExample
 
 Kind = Literal["noul", "choice", "score"]
@@ -90,7 +91,8 @@ class Decision:
     question whose first read's normalised entropy is above the threshold is read again, up to
     ``auto_max`` draws in all. ``chunk_rows``: a joint canvas holds at most this many tokens before its
     padding (None: one canvas per stage), the questions split in order into the fewest chunks that
-    fit; ``chunk_prompt`` says what each chunk's prompt lists.
+    fit; ``chunk_prompt`` says what each chunk's prompt lists. ``images``: decoded images placed in the
+    state text (``core.images``), read by models with a vision tower.
     """
 
     state: str
@@ -109,3 +111,4 @@ class Decision:
     auto_max: int = AUTO_MAX
     chunk_rows: int | None = None
     chunk_prompt: ChunkPrompt = "own"
+    images: tuple[Image, ...] = ()

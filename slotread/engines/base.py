@@ -21,7 +21,7 @@ segment by segment, so the same segments give the same KV whether or not they we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
 from typing import Literal, Protocol, runtime_checkable
@@ -40,13 +40,47 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """An image in a prompt, prepared by the model's image processor (``ImageReader.prepare``).
+
+    In the prompt ids the image is ``ids``: the begin-of-image token, ``tokens`` copies of ``handle``,
+    the end-of-image token. ``handle`` is a negative id drawn from the image bytes' hash: it stands for
+    the image's soft tokens, so every key an engine builds from prompt ids (its prefix cache, its
+    batches) tells two images apart, and the engine swaps the vision tower's features in for it.
+    ``pixel_values`` (patches, patch_size² x 3) and ``position_ids`` (patches, 2; (-1, -1) for padding)
+    are the processor's output for the vision tower.
+    """
+
+    handle: int
+    tokens: int
+    ids: tuple[int, ...]
+    pixel_values: np.ndarray = field(compare=False, repr=False)
+    position_ids: np.ndarray = field(compare=False, repr=False)
+
+
+@runtime_checkable
+class ImageReader(Protocol):
+    """What an engine that reads images exposes as its ``vision`` attribute."""
+
+    def prepare(self, pixels: np.ndarray, digest: bytes) -> ImageInput:
+        """The image (RGB (H, W, 3) uint8, ``digest`` the sha256 of its file) as the model takes it."""
+        ...
+
+
+def vision_of(engine: object) -> ImageReader | None:
+    """The engine's image reader, or None when it reads text only."""
+    vision = getattr(engine, "vision", None)
+    return vision if isinstance(vision, ImageReader) else None
+
+
+@dataclass(frozen=True)
 class ReadRequest:
     """One read: prompt segments, the canvas, its slots, and the noise seed (diffusion only).
 
     ``seed=None`` reads the canvas exactly as given: a caller that noised it already (the engine
     server, receiving a vLLM seed canvas) must not have it noised twice. ``hidden=True`` asks for each
     slot's final hidden state too (``SlotScores.hidden``; in-process engines only, a remote engine
-    returns none).
+    returns none). ``images``: the images whose handles the prompt holds (engines with a ``vision``).
     """
 
     prompt: tuple[tuple[int, ...], ...]
@@ -54,6 +88,7 @@ class ReadRequest:
     slots: tuple[Slot, ...]
     seed: int | None = 0
     hidden: bool = False
+    images: tuple[ImageInput, ...] = ()
 
     @cached_property
     def prompt_ids(self) -> tuple[int, ...]:

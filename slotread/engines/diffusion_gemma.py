@@ -61,6 +61,7 @@ from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.forward_graphs import ForwardGraphs, bucket, length_bucket
 from slotread.engines.gemma_forward import (
     Canvases,
+    ImageTokens,
     JointMasks,
     NewTokens,
     OwnPrompt,
@@ -72,6 +73,7 @@ from slotread.engines.gemma_forward import (
 from slotread.engines.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import OutputHead, score_slot_rows, with_hidden
+from slotread.engines.vision import GemmaVision
 from slotread.errors import PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -167,6 +169,10 @@ class DiffusionGemmaEngine:
         self._encoder = model.model.encoder.language_model
         self._decoder = model.model.decoder
         self._head = OutputHead(model.lm_head.weight, softcap=float(self._config.final_logit_softcapping))
+        #: prepares images and runs the vision tower (``engines/vision.py``); a prompt's image segment is
+        #: encoded by ``encode`` with the tower's features in place of the image's handles
+        self.vision = GemmaVision(model) if getattr(model.config, "vision_config", None) is not None else None
+        self._image_blocks = self._config.use_bidirectional_attention == "vision"
         # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
         use_graphs = cuda_graphs and model.device.type == "cuda" and model.dtype == torch.bfloat16
         self._graphs = (
@@ -225,6 +231,8 @@ class DiffusionGemmaEngine:
             "canvas_tokens": self._canvas_tokens,
             "graph_captures": graphs.captures if graphs else 0,
             "graph_replays": graphs.replays if graphs else 0,
+            "vision_runs": self.vision.runs if self.vision else 0,
+            "vision_hits": self.vision.hits if self.vision else 0,
         }
 
     def _scored(self, batch: list[ReadRequest], logits: torch.Tensor, hidden: torch.Tensor) -> list[SlotScores]:
@@ -259,6 +267,8 @@ class DiffusionGemmaEngine:
         deferred = self._deferred(requests, found, todo)
         for ends in (todo[ids] for ids in deferred):
             ends.pop()
+        images = [image for request in requests for image in request.images]
+        features = self.vision.features(images) if images and self.vision is not None else {}
         while any(todo.values()):
             # one row per distinct boundary prefix to encode next, with its parent's length and KV
             rows: dict[Ids, tuple[int, PrefixKV | None]] = {}
@@ -270,7 +280,7 @@ class DiffusionGemmaEngine:
             for group in self._encoder_batches(rows):
                 starts = [rows[prefix][0] for prefix in group]
                 parents = [rows[prefix][1] for prefix in group]
-                for prefix, kv in zip(group, self._encode_rows(group, starts, parents), strict=True):
+                for prefix, kv in zip(group, self._encode_rows(group, starts, parents, features), strict=True):
                     self.prefix_cache.put(prefix, kv)
                     encoded[prefix] = kv
             for ids, ends in todo.items():
@@ -291,9 +301,10 @@ class DiffusionGemmaEngine:
             return {}
         inner = {ids[:end] for ids, ends in todo.items() for end in ends if end < len(ids)}
         reads = Counter(request.prompt_ids for request in requests)
+        seeing = {request.prompt_ids for request in requests if request.images}  # encoded by ``encode`` alone
         deferred = {}
         for ids, ends in todo.items():
-            if not ends or ends[-1] != len(ids) or ids in inner or reads[ids] > self.max_canvases:
+            if not ends or ends[-1] != len(ids) or ids in inner or reads[ids] > self.max_canvases or ids in seeing:
                 continue
             boundaries = sorted({*found[ids], *ends})
             if len(boundaries) > 1:
@@ -315,16 +326,30 @@ class DiffusionGemmaEngine:
             for start in range(0, len(group), size):
                 yield group[start : start + size]
 
-    def _encode_rows(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV | None]) -> list[PrefixKV]:
+    def _encode_rows(
+        self,
+        prefixes: list[Ids],
+        starts: list[int],
+        parents: list[PrefixKV | None],
+        features: dict[int, torch.Tensor] | None = None,
+    ) -> list[PrefixKV]:
         """Encode ``prefix[start:]`` of each row continuing its parent's KV (rows sharing a parent
-        adjacent; all rows have one or none); returns each whole prefix's KV."""
-        new = self._new_tokens(prefixes, starts, parents)
+        adjacent; all rows have one or none), with ``features`` for the images' handles; returns each
+        whole prefix's KV."""
+        new = self._new_tokens(prefixes, starts, parents, features)
         layers = encode(self._encoder, self._config.layer_types, self._config.sliding_window, new)
         return self._entries(parents, layers, [len(p) - s for p, s in zip(prefixes, starts, strict=True)])
 
-    def _new_tokens(self, prefixes: list[Ids], starts: list[int], parents: list[PrefixKV | None]) -> NewTokens:
+    def _new_tokens(
+        self,
+        prefixes: list[Ids],
+        starts: list[int],
+        parents: list[PrefixKV | None],
+        features: dict[int, torch.Tensor] | None = None,
+    ) -> NewTokens:
         """Encoder rows for ``prefix[start:]`` of each prefix, right-padded to the longest, continuing
-        the parents (rows sharing one adjacent; all rows have one or none)."""
+        the parents (rows sharing one adjacent; all rows have one or none); an image's handles become
+        pad tokens whose embeddings its ``features`` replace."""
         device = self._model.device
         lengths = [len(prefix) - start for prefix, start in zip(prefixes, starts, strict=True)]
         new = max(lengths)  # N
@@ -338,10 +363,14 @@ class DiffusionGemmaEngine:
             [*prefix[start:], *[self._pad_id] * (new - length)]
             for prefix, start, length in zip(prefixes, starts, lengths, strict=True)
         ]
+        images = _image_tokens(rows, features, device, self._image_blocks) if features else None
+        if images is not None:
+            rows = [[self._pad_id if token < 0 else token for token in row] for row in rows]
         return NewTokens(
             tokens=_on(device, rows),  # (B, N)
             positions=_on(device, [list(range(start, start + new)) for start in starts]),
             parents=parts,
+            images=images,
         )
 
     def _entries(
@@ -624,6 +653,35 @@ def _parent(request: ReadRequest, deferred: dict[Ids, int], boundaries: dict[Ids
     """The KV that a request's deferred last segment continues (its canvases' shared part)."""
     ids = request.prompt_ids
     return boundaries[ids][deferred[ids]]
+
+
+def _image_tokens(
+    rows: list[list[int]], features: dict[int, torch.Tensor], device: torch.device, bidirectional: bool
+) -> ImageTokens | None:
+    """Where the images' handles sit in encoder ``rows`` (B, N), each run of one handle an image whose
+    soft tokens are ``features[handle]`` in order (``bidirectional``: attending to each other both
+    ways); None when no row holds one."""
+    where: list[int] = []
+    parts: list[torch.Tensor] = []
+    blocks = [[-1] * len(row) for row in rows]
+    for r, row in enumerate(rows):
+        image = -1
+        for handle, run in groupby(enumerate(row), key=lambda item: item[1]):
+            columns = [column for column, _ in run]
+            if handle >= 0:
+                continue
+            image += 1
+            if len(columns) != features[handle].shape[0]:
+                raise ValueError(
+                    f"an image has {len(columns)} placeholders for {features[handle].shape[0]} soft tokens"
+                )
+            where += [r * len(row) + column for column in columns]
+            parts.append(features[handle])
+            for column in columns:
+                blocks[r][column] = image
+    if not where:
+        return None
+    return ImageTokens(_on(device, where), torch.cat(parts).to(device), _on(device, blocks) if bidirectional else None)
 
 
 def _tied(model: DiffusionGemmaForBlockDiffusion) -> bool:

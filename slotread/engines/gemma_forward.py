@@ -89,13 +89,27 @@ class Canvases:
 
 
 @dataclass(frozen=True)
+class ImageTokens:
+    """Soft tokens of images among encoder rows: ``where`` (K,) their places in the flat (B * N) new
+    tokens, ``features`` (K, hidden) their embeddings from the vision tower, and ``blocks`` (B, N) each
+    new token's image in its row (-1: text). The tokens of one image attend to each other in both
+    directions, as the library's ``use_bidirectional_attention="vision"`` masks do; ``blocks`` None:
+    a model without it reads them causally, as text."""
+
+    where: torch.Tensor
+    features: torch.Tensor
+    blocks: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class NewTokens:
     """Encoder rows: tokens (B, N) at ``positions`` (B, N), each row continuing its parent's KV
-    (``parents`` covers the rows in order; empty: no parents)."""
+    (``parents`` covers the rows in order; empty: no parents), with the soft tokens of any images."""
 
     tokens: torch.Tensor
     positions: torch.Tensor
     parents: list[SharedPart]
+    images: ImageTokens | None = None
 
 
 def decode(
@@ -131,10 +145,14 @@ def encode(
         index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
     ) -> list[torch.Tensor]:
         kv.append((keys[0].transpose(1, 2), values[0].transpose(1, 2)))
-        return [_encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, new.parents)]
+        blocks = None if new.images is None else new.images.blocks
+        return [_encoder_attention(index, queries[0], keys[0], values[0], layer_types, window, new.parents, blocks)]
 
     batch, length = new.tokens.shape
     hidden = encoder.embed_tokens(new.tokens)
+    if new.images is not None:  # the features replace the embeddings, as the library's masked_scatter does
+        flat = hidden.view(batch * length, -1).index_copy(0, new.images.where, new.images.features.to(hidden.dtype))
+        hidden = flat.view(batch, length, -1)
     rotary = _rotary(encoder, layer_types, hidden, new.positions)
     # a prompt's KV never reads the last layer's feed-forward
     _layers(encoder, layer_types, hidden.view(batch * length, -1), [(batch, length)], rotary, attention, False)
@@ -357,19 +375,27 @@ def _encoder_attention(
     layer_types: Sequence[str],
     window: int,
     parents: list[SharedPart],
+    blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """New tokens' queries (B, N, H, d), causally among themselves (within the window on a sliding
-    layer), merged with their parents' KV; (B, N, H, d). On a GPU flash attention applies the masks
-    by position (``attend_heads``); elsewhere they are biases (``_encoder_mask``)."""
+    layer) and, where ``blocks`` (B, N) marks images, in both directions among one image's tokens
+    (whatever the window), merged with their parents' KV; (B, N, H, d). On a GPU flash attention
+    applies the masks of text rows by position (``attend_heads``); elsewhere they are biases
+    (``_encoder_mask``)."""
     sliding = layer_types[index] == "sliding_attention"
     new, kv_heads = query.shape[1], keys.shape[2]
     left = window - 1 if sliding else None  # query t sees the new tokens t - left .. t
-    if heads_ok(query, keys, True, left):
+    if blocks is None and heads_ok(query, keys, True, left):
         own_part = attend_heads(query, keys, values, True, left)
     else:
         mask = _encoder_mask(new, window if sliding else None, query.device)
-        bias = mask.repeat(query.shape[2] // kv_heads, 1).to(query.dtype)  # (g * N, N)
-        out, lse = attend(grouped(query, kv_heads), keys.transpose(1, 2), values.transpose(1, 2), bias[None, None])
+        if blocks is None:
+            bias = mask.repeat(query.shape[2] // kv_heads, 1)[None, None]  # (1, 1, g * N, N)
+        else:
+            one_image = (blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)  # (B, N, N)
+            bias = torch.where(one_image, 0.0, mask).repeat(1, query.shape[2] // kv_heads, 1)[:, None]
+        bias = bias.to(query.dtype)
+        out, lse = attend(grouped(query, kv_heads), keys.transpose(1, 2), values.transpose(1, 2), bias)
         own_part = ungrouped(out, new), ungrouped(lse, new)
     if not parents:
         return own_part[0]

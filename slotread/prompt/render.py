@@ -53,7 +53,7 @@ from typing import Literal, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from slotread.engines.base import Family, ReadRequest, Slot
+from slotread.engines.base import Family, ImageInput, ReadRequest, Slot
 from slotread.prompt.labels import Alphabet, LabelSet, build_alphabet
 
 #: The reply text before the slot. A causal model's slot is the first token of its reply (measured, see
@@ -130,15 +130,17 @@ class EarlierAnswer:
 
 @dataclass(frozen=True)
 class Rendered:
-    """A read without its seed: prompt segments, canvas, slots (in question order)."""
+    """A read without its seed: prompt segments, canvas, slots (in question order), and the images whose
+    handles the prompt holds (``core.images``)."""
 
     prompt: tuple[tuple[int, ...], ...]
     canvas: tuple[int, ...]
     slots: tuple[Slot, ...]
+    images: tuple[ImageInput, ...] = ()
 
     def with_seed(self, seed: int, hidden: bool = False) -> ReadRequest:
         """The engine request for one noise draw (``hidden``: with the slots' hidden states)."""
-        return ReadRequest(self.prompt, self.canvas, self.slots, seed, hidden)
+        return ReadRequest(self.prompt, self.canvas, self.slots, seed, hidden, self.images)
 
     @property
     def tokens(self) -> int:

@@ -258,6 +258,7 @@ def _content_free_reads(
         blank = replace(
             decision,
             state=state,
+            images=(),  # content-free: no image either
             questions=tuple(questions.values()),
             seed=0,
             samples=CONTENT_FREE_DRAWS,

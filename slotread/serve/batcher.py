@@ -40,6 +40,8 @@ class BatchingEngine:
         self.noisy = engine.noisy
         self.max_tokens = engine.max_tokens
         self.deterministic = engine.deterministic
+        #: the engine's image reader, if it reads images (``engines.base.vision_of``)
+        self.vision = getattr(engine, "vision", None)
         self._pending: list[_Job] = []
         self._busy = False
         self._changed = threading.Condition()

@@ -128,9 +128,15 @@ class DecisionService:
             raise NotReady(self.unready_reason)
         return self.decider
 
-    async def decide(self, body: Any, disconnected: Callable[[], Awaitable[bool]], priority: int = 0) -> dict[str, Any]:
-        """Answer a System One body; raises Overloaded, ClientGone, NotReady or the Decider's errors. Its
-        questions are its cost at the gate (reads grow with them)."""
+    async def decide(
+        self,
+        body: Any,
+        disconnected: Callable[[], Awaitable[bool]],
+        priority: int = 0,
+        parts: dict[str, bytes] | None = None,
+    ) -> dict[str, Any]:
+        """Answer a System One body (``parts``: a multipart body's files); raises Overloaded, ClientGone,
+        NotReady or the Decider's errors. Its questions are its cost at the gate (reads grow with them)."""
         decider = self.ready_decider()
         queued = time.perf_counter()
         cost = len(body["questions"]) if isinstance(body, dict) and isinstance(body.get("questions"), dict) else 1
@@ -139,7 +145,7 @@ class DecisionService:
             self.metrics.queue_wait.observe(started - queued)
             try:
                 loop = asyncio.get_running_loop()
-                response: dict[str, Any] = await loop.run_in_executor(self._pool, decider.decide, body)
+                response: dict[str, Any] = await loop.run_in_executor(self._pool, decider.decide, body, parts)
             finally:
                 self.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.metrics.questions.inc(len(response["answers"]))

@@ -11,7 +11,7 @@ import torch
 
 from slotread.errors import ModelLoadError
 from slotread.models.load import load_model, load_tokenizer
-from slotread.models.shapes import DIFFUSION_GEMMA_26B_A4B, write_shape
+from slotread.models.shapes import DIFFUSION_GEMMA_26B_A4B, GEMMA4_LARGE_VISION, write_shape
 
 
 def test_a_written_shape_holds_the_real_config_and_tokenizer_and_no_weights(tmp_path: Path, cache_dir: Path) -> None:
@@ -48,3 +48,13 @@ def test_random_weights_are_drawn_without_reading_any(tiny_diffusion_dir: Path, 
 def test_random_needs_a_checkpoint_directory(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no registry model, directory or file"):
         load_model(f"random:{tmp_path / 'nothing'}")
+
+
+def test_the_26b_shape_carries_the_large_vision_tower(tmp_path: Path, cache_dir: Path) -> None:
+    config = json.loads(
+        (write_shape("diffusion-gemma-26b-a4b", tmp_path / "dg26", cache_dir=cache_dir) / "config.json").read_text()
+    )
+    vision = config["vision_config"]
+    assert {k: vision[k] for k in GEMMA4_LARGE_VISION} == GEMMA4_LARGE_VISION
+    # an image's tokens attend to each other both ways in the real model's encoder
+    assert config["text_config"]["use_bidirectional_attention"] == "vision"

@@ -204,7 +204,10 @@ def test_models_health_readiness_docs_and_metrics(smollm2_server: Live) -> None:
     assert models.status_code == 200
     listed = strict_json(models)["models"]
     assert [m["name"] for m in listed] == ["smollm2-135m-instruct", "jev-latest"]
-    assert all(set(m) == {"name", "description", "release_date"} and len(m["release_date"]) == 10 for m in listed)
+    assert all(
+        set(m) == {"name", "description", "release_date", "x_images"} and len(m["release_date"]) == 10 for m in listed
+    )
+    assert not any(m["x_images"] for m in listed)  # a text-only model
     assert all(r.status_code == 200 for r in responses.values())
     assert responses["/readyz"].json() == {"status": "ready", "model": "smollm2-135m-instruct"}
     document = responses["/openapi.json"].json()

@@ -7,7 +7,8 @@ from fastapi.responses import JSONResponse
 
 from slotread.api import decisions
 from slotread.api.responses import DecisionsResponse
-from slotread.serve.deps import Authorized, JsonBody, ServiceDep
+from slotread.serve.deps import Authorized, ServiceDep
+from slotread.serve.multipart import DecisionBody
 from slotread.serve.openapi import json_body, json_responses
 
 EXAMPLE = {
@@ -27,8 +28,8 @@ router = APIRouter(dependencies=[Authorized], tags=["decisions"])
 @router.post(
     "/v1/decisions", openapi_extra={**BODY, **RESPONSES}, summary="Answer a list of typed questions about an input"
 )
-async def create_decision(request: Request, body: JsonBody, service: ServiceDep) -> JSONResponse:
+async def create_decision(request: Request, sent: DecisionBody, service: ServiceDep) -> JSONResponse:
     """Answer every question of an OpenAI Decisions request, in question order."""
-    wire = decisions.parse_request(body)
+    wire = decisions.parse_request(sent[0])
     response = await service.decide(decisions.to_systemone(wire), request.is_disconnected)
     return JSONResponse(decisions.from_systemone(response, wire))

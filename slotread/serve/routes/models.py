@@ -21,6 +21,8 @@ class ModelInfo(BaseModel):
     name: str
     description: str
     release_date: str
+    #: whether requests to it may carry images (a vision tower read in process)
+    x_images: bool = False
 
 
 class ModelList(BaseModel):
@@ -41,10 +43,16 @@ def describe(name: str) -> ModelInfo:
 
 @router.get("/v1/models", summary="List the models a request may name")
 async def list_models(service: ServiceDep) -> ModelList:
-    """The served model, then its aliases (``jev-latest``)."""
-    served = describe(service.ready_decider().name)
+    """The served model, then its aliases (``jev-latest``); ``x_images`` says whether they take images."""
+    decider = service.ready_decider()
+    served = describe(decider.name).model_copy(update={"x_images": decider.takes_images})
     aliases = [
-        ModelInfo(name=alias, description=f"alias of {served.name}", release_date=served.release_date)
+        ModelInfo(
+            name=alias,
+            description=f"alias of {served.name}",
+            release_date=served.release_date,
+            x_images=served.x_images,
+        )
         for alias in MODEL_ALIASES
     ]
     return ModelList(models=[served, *aliases])

@@ -1,8 +1,8 @@
 """``POST /v1/systemone``: the System One body goes to the Decider as it is; the answer comes back as it is.
 
-The Decider validates the body (422 detail located under ``body``); this route only reads what the
-server itself needs first: the client's ``request_id`` (echoed in ``x-typesafe-request-id``) and
-the queue ``priority``.
+The Decider validates the body (422 detail located under ``body``); a multipart body's image files
+go with it (``serve/multipart.py``). This route only reads what the server itself needs first: the
+client's ``request_id`` (echoed in ``x-typesafe-request-id``) and the queue ``priority``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 
 from slotread.api.responses import SystemOneResponse
 from slotread.api.systemone import SystemOneRequest
-from slotread.serve.deps import Authorized, JsonBody, ServiceDep
+from slotread.serve.deps import Authorized, ServiceDep
+from slotread.serve.multipart import DecisionBody
 from slotread.serve.openapi import json_body, json_responses
 from slotread.serve.request_id import is_echoable
 
@@ -44,9 +45,10 @@ def queue_priority(body: Any) -> int:
 
 
 @router.post("/v1/systemone", openapi_extra={**BODY, **RESPONSES}, summary="Answer bounded questions about a state")
-async def systemone(request: Request, body: JsonBody, service: ServiceDep) -> JSONResponse:
-    """Answer every question of a System One request."""
+async def systemone(request: Request, sent: DecisionBody, service: ServiceDep) -> JSONResponse:
+    """Answer every question of a System One request (JSON, or multipart with image files)."""
+    body, parts = sent
     if isinstance(body, dict) and is_echoable(body.get("request_id")):
         request.state.request_id = body["request_id"]
-    response = await service.decide(body, request.is_disconnected, queue_priority(body))
+    response = await service.decide(body, request.is_disconnected, queue_priority(body), parts)
     return JSONResponse(response)
