@@ -375,9 +375,19 @@ def _read_example_bank(path: Path) -> ExampleBank:
     return read_example_bank(path)
 
 
+def _bank_purpose(args: argparse.Namespace) -> str:
+    """What an evaluation builds its example bank for, as its errors name it."""
+    if args.baseline == "knn":
+        return "the neighbour vote (--baseline knn)"
+    if args.examples or args.shortlist:
+        return "the example bank of --examples/--shortlist"
+    return "the bank of a --readout fitted with --vote or --lexical"
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from slotread.eval.datasets import Dataset, fitting_split, load_dataset, subset
+    from slotread.eval.datasets import Dataset, load_dataset, subset
     from slotread.eval.report import format_table
+    from slotread.eval.training import training_data
     from slotread.quality.readout import banked_in
 
     if args.dataset is None or args.out is None:
@@ -389,9 +399,16 @@ def _eval(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
     dataset = subset(dataset, args.limit, args.sample_seed)
 
-    def train() -> Dataset:  # a built-in set trains on its train split (BoolQ: dev_rest), a file on --train
-        split = fitting_split(args.dataset) if args.train is None else None
-        return load_dataset(args.train or args.dataset, split, data_dir=args.data_dir, question=args.question)
+    def train(purpose: str) -> Dataset:  # never the evaluated items (eval.training)
+        return training_data(
+            dataset,
+            args.train,
+            data_dir=args.data_dir,
+            question=args.question,
+            per_class=args.per_class,
+            seed=args.sample_seed,
+            purpose=purpose,
+        )
 
     banked = args.readout is not None and args.baseline is None and banked_in(args.readout)
     uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn" or banked)
@@ -410,7 +427,7 @@ def _eval(args: argparse.Namespace) -> int:
         from slotread.eval.banks import bank_from_dataset
 
         if args.example_bank is None:
-            bank = bank_from_dataset(train(), dataset)
+            bank = bank_from_dataset(train(_bank_purpose(args)), dataset)
         else:
             bank = _read_example_bank(args.example_bank)
     fields = dict(args.request_field)
@@ -428,7 +445,7 @@ def _eval(args: argparse.Namespace) -> int:
         elif args.baseline:
             from slotread.eval.baseline import evaluate_baseline
 
-            metrics = evaluate_baseline(dataset, train(), args.out, progress=not args.no_progress)
+            metrics = evaluate_baseline(dataset, train("the TF-IDF baseline"), args.out, progress=not args.no_progress)
         else:
             from slotread.eval.runner import evaluate_model
 
@@ -534,7 +551,15 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     evaluate.add_argument(
         "--train",
-        help="train file for the baseline on a labelled file (built-ins use their train split; boolq: dev_rest)",
+        help="training file for baselines and example banks on a labelled file (built-ins use their train split; "
+        "boolq: dev_rest); never the evaluated file",
+    )
+    evaluate.add_argument(
+        "--per-class",
+        type=int,
+        metavar="K",
+        help="learn from at most K training items per class (seeded by --sample-seed): the baselines, the "
+        "example bank and the readout's partners see nothing else (the few-label setting)",
     )
     _add_item_arguments(
         evaluate,
