@@ -91,12 +91,14 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     import torch
 
     from slotread.calibrate import refuse_overlap
     from slotread.decider import Decider
-    from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, subset
-    from slotread.fit import fit_readout
+    from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, per_class_sample, subset
+    from slotread.fit import TRUSTED_ITEMS, fit_readout
 
     if not 0 < args.holdout < 1 or args.vote < 0:
         print("slotread fit: --holdout must be between 0 and 1 and --vote must not be negative", file=sys.stderr)
@@ -104,12 +106,22 @@ def _fit(args: argparse.Namespace) -> int:
     split = args.split or (fitting_split(args.dataset) if args.dataset in BUILTIN else None)
     data = load_dataset(args.dataset, split, data_dir=args.data_dir, question=args.question)
     data = subset(data, args.limit, args.sample_seed)
+    if args.seen_per_class:  # as eval --per-class draws its training data: the same items for the same seed
+        data = replace(
+            per_class_sample(data, args.seen_per_class, args.sample_seed),
+            split=f"{data.split or 'file'}, {args.seen_per_class} per class (seed {args.sample_seed})",
+        )
     exclude = None
     if args.exclude is not None:
         exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
         if not args.drop_overlap:
             refuse_overlap(data, exclude)  # before loading the model
     decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
+    encoder = None
+    if args.encoder:
+        from slotread.models.encoder import load_encoder
+
+        encoder = load_encoder(args.encoder, args.cache_dir, args.device)
     fit = fit_readout(
         decider,
         data,
@@ -124,6 +136,7 @@ def _fit(args: argparse.Namespace) -> int:
         drop_overlap=args.drop_overlap,
         vote=args.vote,
         lexical=args.lexical,
+        encoder=encoder,
         batch_size=args.batch_size,
         progress=not args.no_progress,
     )
@@ -134,18 +147,28 @@ def _fit(args: argparse.Namespace) -> int:
         f"({int(m['held_out_items'])} held out, {readout.fitted_on['dropped_overlap']} overlapping dropped), "
         f"{readout.layout}, features {readout.features}, L2 {readout.l2:g}, "
         f"temperature {readout.temperature:.3f}\n"
-        f"held out: accuracy {m['accuracy']:.1%} (plain read {m['plain_accuracy']:.1%}"
+        f"held out{' (cross-fitted)' if m['cross_fitted'] else ''}: accuracy {m['accuracy']:.1%} "
+        f"± {m['accuracy_half_width']:.1%} (plain read {m['plain_accuracy']:.1%}"
         + (f", head alone {m['head_accuracy']:.1%}" if "head_accuracy" in m else "")
         + (f", vote alone {m['vote_accuracy']:.1%}" if "vote_accuracy" in m else "")
         + (f", lexical alone {m['lexical_accuracy']:.1%}" if "lexical_accuracy" in m else "")
+        + (f", encoder alone {m['encoder_accuracy']:.1%}" if "encoder_accuracy" in m else "")
         + "), "
         f"ECE {m['ece']:.3f} (plain read {m['plain_ece']:.3f}), NLL {m['nll']:.3f}\n"
         f"reading {m['read_seconds']:.1f} s, training {m['train_seconds']:.1f} s"
         + (f" (cross-fitting the lexical classifier {m['lexical_seconds']:.1f} s)" if "lexical_seconds" in m else "")
         + (f"; weights: vote {readout.vote_weight:.3f}" if readout.vote_neighbours else "")
         + (f"; lexical {readout.lexical_weight:.3f}" if readout.lexical_weight is not None else "")
+        + (f"; encoder {readout.encoder_weight:.3f}" if readout.encoder is not None else "")
         + f"; wrote {path}"
     )
+    if not m["trusted"]:
+        print(
+            f"slotread fit: warning: the held-out figures rest on {int(m['held_out_items'])} items (fewer than "
+            f"{TRUSTED_ITEMS}), and the temperature and weights were fitted on them: do not trust them; measure "
+            "the readout with slotread eval on other data",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -704,6 +727,21 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "on the example bank of all the fitting data (weight fitted with the temperature and the vote; held-out "
         "items answered by 5-fold cross-fitting). Served only with the bank, on which the classifier is "
         "refitted when the readout is loaded",
+    )
+    fit.add_argument(
+        "--encoder",
+        metavar="NAME",
+        help="add the log-probabilities of a logistic regression on this sentence encoder's embeddings "
+        "(all-minilm-l6-v2) of the example bank, cross-fitted like --lexical; served with the bank and "
+        "serve --encoder NAME",
+    )
+    fit.add_argument(
+        "--seen-per-class",
+        type=int,
+        metavar="K",
+        help="see at most K items per class of the data at all (seeded by --sample-seed, drawn as eval "
+        "--per-class K draws them): the head, the bank and the partners (the few-label setting); "
+        "--per-class then limits the head's items within them",
     )
     fit.add_argument("--batch-size", type=int, default=16, help="items per engine call while reading (default 16)")
     fit.add_argument("--out", type=Path, required=True, help="directory to write the readout into")

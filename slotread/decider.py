@@ -166,16 +166,23 @@ class Decider:
         self.max_options = max_options
         self.max_permutations = max_permutations
         self.max_prompt_tokens = max_prompt_tokens
-        try:
-            self.calibrations = CalibrationStore(self.name, calibration_dir)
-            self.banks = ExampleBanks(example_banks)
-            self.readouts = ReadoutStore(self.name, readout_dir, hidden_states=not upstreams, banks=self.banks)
-        except (CalibrationError, ExampleBankError):
-            self.close()
-            raise
         if isinstance(encoder, str):
             encoder = load_encoder(encoder, cache_dir, device if not upstreams else "cpu")
         self.encoder = encoder
+        try:
+            self.calibrations = CalibrationStore(self.name, calibration_dir)
+            self.banks = ExampleBanks(example_banks)
+            self.readouts = ReadoutStore(
+                self.name,
+                readout_dir,
+                hidden_states=not upstreams,
+                banks=self.banks,
+                encoder=None if encoder is None else encoder.name,
+                embed=None if encoder is None else encoder.embed,
+            )
+        except (CalibrationError, ExampleBankError):
+            self.close()
+            raise
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
 
     def close(self) -> None:

