@@ -81,11 +81,13 @@ def expand_probabilities(
     read: np.ndarray, options: Sequence[int], n: int, residual: float, prior: np.ndarray | None = None
 ) -> np.ndarray:
     """A distribution over the m shortlisted ``options`` as one over all n: (1 − r)·p_read on the list,
-    r/(n − m) on each other option (r = 0 when the list holds every option); with a ``prior`` (n,) over
-    all options, each other option gets its own prior probability (a meaning shortlist: r = their sum)."""
+    r/(n − m) on each other option (r = 0 when the list holds every option). With a ``prior`` q (n,) over
+    all options (a meaning shortlist, r = the prior's mass off the list), each other option keeps q_i and
+    the list's 1 − r is shared as normalise(√(p_read · q)) (``quality.meaning``)."""
     if prior is not None:
         full = np.array(prior, dtype=np.float64)
-        full[list(options)] = (1 - residual) * read
+        pooled = np.sqrt(read * full[list(options)])
+        full[list(options)] = (1 - residual) * pooled / pooled.sum()
         return full
     full = np.full(n, residual / (n - len(options)) if n > len(options) else 0.0)
     full[list(options)] = (1 - residual if n > len(options) else 1.0) * read
@@ -285,7 +287,8 @@ def expand_answer(answer: Answer, shortlist: Shortlist) -> Answer:
     """The answer over the shortlisted options as an answer to the whole question (module docstring).
 
     Each read's logits become log-probabilities over every option, so the reads and the summary agree;
-    the summary's standard errors scale by (1 − r) on the list and are 0 off it.
+    the summary's standard errors scale by (1 − r) on the list and are 0 off it (a meaning shortlist's
+    answer has none: its pool is not linear in the read).
     """
     n = len(shortlist.question.options)
     options = shortlist.options
@@ -299,7 +302,7 @@ def expand_answer(answer: Answer, shortlist: Shortlist) -> Answer:
     summary = answer.summary
     probabilities = full(summary.probabilities)
     stderr = None
-    if summary.stderr is not None:
+    if summary.stderr is not None and shortlist.prior is None:  # the pool of a meaning shortlist is not linear
         stderr = full(summary.stderr)
         stderr[[i for i in range(n) if i not in set(options)]] = 0.0
     expanded = ReadSummary(probabilities, stderr, summary.agreement, normalised_entropy(probabilities), summary.reads)

@@ -8,7 +8,7 @@ from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
-from slotread.quality.examples import ExampleBanks, retrieve
+from slotread.quality.examples import ExampleBanks, expand_probabilities, retrieve
 from slotread.quality.meaning import SIMILARITY_TEMPERATURE, nearest_options, option_text, similarity_distribution
 
 TOPICS = Question(
@@ -34,6 +34,14 @@ def test_the_similarity_distribution_is_the_tempered_softmax_of_cosines(encoder:
     np.testing.assert_allclose(q, expected, rtol=1e-5)
     assert q.argmax() == 1 and option_text(TOPICS, 0) == "card arrival: a new card has not come yet"
     assert nearest_options(np.array([0.1, 0.4, 0.1, 0.3, 0.1]), 3) == (0, 1, 3)  # ties to the earlier option
+
+
+def test_the_list_shares_its_mass_as_the_pool_of_read_and_encoder() -> None:
+    q = np.array([0.5, 0.2, 0.2, 0.1])
+    full = expand_probabilities(np.array([0.1, 0.9]), (0, 2), 4, 0.3, q)
+    pooled = np.sqrt([0.1 * 0.5, 0.9 * 0.2])
+    assert full == pytest.approx([0.7 * pooled[0] / pooled.sum(), 0.2, 0.7 * pooled[1] / pooled.sum(), 0.1])
+    assert full.sum() == pytest.approx(1.0)
 
 
 def test_retrieve_shortlists_by_meaning_without_a_bank(encoder: SentenceEncoder) -> None:
