@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from slotread.quality.examples import ExampleBank
-from slotread.quality.lexical import floored
+from slotread.quality.lexical import cross_fitted
 from slotread.quality.meaning import Embed
 
 #: The logistic regression's inverse L2 strength on unit-length embeddings.
@@ -68,17 +69,5 @@ def bank_embedding_classifier(bank: ExampleBank, embed: Embed) -> EmbeddingClass
 def cross_fitted_dense(
     bank: ExampleBank, states: Sequence[str], embed: Embed, folds: int, fitted: Callable[[], object] | None = None
 ) -> np.ndarray:
-    """q̃ (N, n) of each of ``states`` from a classifier that never saw its text (as ``lexical.cross_fitted``)."""
-    folds = max(1, min(folds, len(states)))
-    found = np.zeros((len(states), len(bank.question.options)))
-    for fold in range(folds):
-        members = list(range(fold, len(states), folds))
-        unseen = {states[i] for i in members}
-        kept = [i for i, example in enumerate(bank.examples) if example.state not in unseen]
-        classifier = fit_embedding_classifier(
-            [bank.examples[i].state for i in kept], bank.labels[kept], found.shape[1], embed
-        )
-        found[members] = classifier.probabilities([states[i] for i in members])
-        if fitted is not None:
-            fitted()
-    return floored(found)
+    """q̃ (N, n) of each of ``states`` from a classifier that never saw its text (``lexical.cross_fitted``)."""
+    return cross_fitted(bank, states, folds, fitted, partial(fit_embedding_classifier, embed=embed))
