@@ -91,13 +91,12 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     import torch
 
     from slotread.calibrate import refuse_overlap
     from slotread.decider import Decider
-    from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, per_class_sample, subset
+    from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, subset
+    from slotread.eval.training import few_labels
     from slotread.fit import TRUSTED_ITEMS, fit_readout
 
     if not 0 < args.holdout < 1 or args.vote < 0:
@@ -106,11 +105,8 @@ def _fit(args: argparse.Namespace) -> int:
     split = args.split or (fitting_split(args.dataset) if args.dataset in BUILTIN else None)
     data = load_dataset(args.dataset, split, data_dir=args.data_dir, question=args.question)
     data = subset(data, args.limit, args.sample_seed)
-    if args.seen_per_class:  # as eval --per-class draws its training data: the same items for the same seed
-        data = replace(
-            per_class_sample(data, args.seen_per_class, args.sample_seed),
-            split=f"{data.split or 'file'}, {args.seen_per_class} per class (seed {args.sample_seed})",
-        )
+    if args.seen_per_class:
+        data = few_labels(data, args.seen_per_class, args.sample_seed)
     exclude = None
     if args.exclude is not None:
         exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
@@ -414,7 +410,7 @@ def _bank_purpose(args: argparse.Namespace) -> str:
         return "the neighbour vote (--baseline knn)"
     if args.examples or args.shortlist:
         return "the example bank of --examples/--shortlist"
-    return "the bank of a --readout fitted with --vote or --lexical"
+    return "the bank of a --readout fitted with --vote, --lexical or --encoder"
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -50,11 +50,17 @@ def training_data(
     data = load_dataset(name, split, data_dir=data_dir, question=question)
     if data.task.classes != evaluated.task.classes:
         raise EvalError(f"the training data ({data.title}) has other classes than the evaluated data")
-    if per_class is not None:  # the split's name records the sample (bank sources, run.json)
-        data = replace(
-            per_class_sample(data, per_class, seed),
-            split=f"{data.split or 'file'}, {per_class} per class (seed {seed})",
-        )
+    if per_class is not None:
+        data = few_labels(data, per_class, seed)
     if not data.items:
         raise EvalError(f"{purpose}: the training data {data.title} holds no items")
     return data
+
+
+def few_labels(data: Dataset, per_class: int, seed: int) -> Dataset:
+    """At most ``per_class`` items of each class (``datasets.per_class_sample`` with ``seed``), the split's
+    name saying so (bank sources, run.json, readout artifacts): what ``eval --per-class`` learns from and
+    ``fit --seen-per-class`` sees, the same items for the same data and seed."""
+    return replace(
+        per_class_sample(data, per_class, seed), split=f"{data.split or 'file'}, {per_class} per class (seed {seed})"
+    )
