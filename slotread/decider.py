@@ -26,6 +26,7 @@ from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
 from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, ModelLoadError, UnknownModel
+from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
@@ -117,6 +118,8 @@ class Decider:
 
     ``image_limits`` bound the images of a request; only a model with a vision tower read in process
     (DiffusionGemma) takes them (``takes_images``), any other refuses them with a 422 naming it.
+    ``encoder`` (a registry encoder's name, fetched and loaded here, or a loaded one) serves ``x_shortlist``
+    for questions no bank serves: shortlists from meaning (``quality.meaning``), no labels needed.
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class Decider:
         example_banks: Sequence[ExampleBank] = (),
         readout_dir: Path | None = None,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+        encoder: str | SentenceEncoder | None = None,
     ) -> None:
         if upstreams:
             if isinstance(model, LoadedModel):
@@ -177,10 +181,20 @@ class Decider:
         self.max_permutations = max_permutations
         self.max_prompt_tokens = max_prompt_tokens
         self.image_limits = image_limits
+        if isinstance(encoder, str):
+            encoder = load_encoder(encoder, cache_dir, device if not upstreams else "cpu")
+        self.encoder = encoder
         try:
             self.calibrations = CalibrationStore(self.name, calibration_dir)
             self.banks = ExampleBanks(example_banks)
-            self.readouts = ReadoutStore(self.name, readout_dir, hidden_states=not upstreams, banks=self.banks)
+            self.readouts = ReadoutStore(
+                self.name,
+                readout_dir,
+                hidden_states=not upstreams,
+                banks=self.banks,
+                encoder=None if encoder is None else encoder.name,
+                embed=None if encoder is None else encoder.embed,
+            )
         except (CalibrationError, ExampleBankError):
             self.close()
             raise
@@ -238,7 +252,14 @@ class Decider:
         layout = self.readouts.layout_for(decision) if decision.readout else None
         renderer = self.renderer_for(layout) if layout else self.renderer
         result = decide_calibrated(
-            decision, self.engine, renderer, self.calibrations, self.max_prompt_tokens, self.banks, self.readouts
+            decision,
+            self.engine,
+            renderer,
+            self.calibrations,
+            self.max_prompt_tokens,
+            self.banks,
+            self.readouts,
+            self.encoder.embed if self.encoder is not None else None,
         )
         return wire, result
 

@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
     #: x_shortlist and readouts fitted with a vote or a lexical partner
     example_banks: list[Path] = Field(default_factory=list)
+    #: a registry sentence encoder serving x_shortlist from meaning where no bank serves a question
+    encoder: str | None = None
 
     @property
     def image_limits(self) -> ImageLimits:

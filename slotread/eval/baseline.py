@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slotread.errors import EvalError
-from slotread.eval.banks import bank_info, check_bank
+from slotread.eval.banks import bank_info, check_bank, without_evaluated
 from slotread.eval.datasets import Dataset, Item
 from slotread.eval.predictions import Prediction
 from slotread.eval.runner import Predictor, run, run_info
@@ -40,12 +40,16 @@ def tfidf_predictor(train: Dataset) -> Predictor:
 
 
 def evaluate_baseline(dataset: Dataset, train: Dataset, out: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Train on ``train``, then run ``dataset`` into ``out`` like a model run."""
+    """Train on ``train`` less the texts ``dataset`` holds (``banks.without_evaluated``), then run ``dataset``
+    into ``out`` like a model run."""
     if train.task.classes != dataset.task.classes:
         raise EvalError(f"the train data ({train.name} {train.split}) has other classes than the evaluated data")
+    train, dropped = without_evaluated(train, dataset)
     if len({item.gold for item in train.items}) < 2:
         raise EvalError(f"the train data ({train.name} {train.split}) needs at least two classes")
     info = run_info(dataset, SYSTEM, None) | {"train": [train.name, train.split]}
+    if dropped:
+        info["train_dropped_overlap"] = dropped
     return run(dataset, out, info, lambda: tfidf_predictor(train), progress=progress)
 
 

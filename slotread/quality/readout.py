@@ -13,10 +13,12 @@ and the answer is the mean of p over the question's reads (its draws), like any 
 A readout fitted with partners (``slotread fit --vote K``, ``--lexical``) also reads the schema's
 example bank: it adds w_v · log v, v the smoothed label vote of the state's K BM25-nearest bank
 examples (``quality.examples``), and w_l · log q̃, q̃ the class probabilities of a TF-IDF + logistic
-regression classifier trained on the bank (``quality.lexical``), with T and the weights fitted
-together on the held-out items (``quality.fusion``):
+regression classifier trained on the bank (``quality.lexical``), and w_e · log ẽ, ẽ the class
+probabilities of a logistic regression on the state's sentence embedding trained on the bank
+(``quality.dense``, ``slotread fit --encoder``), with T and the weights fitted together on the
+held-out items (``quality.fusion``):
 
-    p(read) = softmax((W z + b) / T + w_v · log v + w_l · log q̃)
+    p(read) = softmax((W z + b) / T + w_v · log v + w_l · log q̃ + w_e · log ẽ)
 
 The vote and the model err on different items (BANKING77, 1.5B: of 3,080 test messages, a 40-per-intent
 head alone was right on 323 that a 24-neighbour vote got wrong, the vote on 210 the head got wrong), so
@@ -30,6 +32,7 @@ size is logged as a warning).
                                          "question": {"type", "options"}, "features", "hidden_size",
                                          "layout", "temperature", "l2", "vote": null | {"neighbours",
                                          "weight"}, "lexical": null | {"weight", "examples"},
+                                         "encoder": null | {"name", "weight", "examples"},
                                          "arrays": "<the .npz file name>",
                                          "fitted_on": {data, items, held-out metrics, ...}}
     <model>.<schema[:16]>.readout.npz   float64 arrays mean (d,), scale (d,), weight (n, d), bias (n,)
@@ -63,9 +66,11 @@ from slotread.core.questions import Decision
 from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest
 from slotread.prompt.render import Layout
 from slotread.quality.artifact import schema_hash
+from slotread.quality.dense import EmbeddingClassifier, bank_embedding_classifier
 from slotread.quality.examples import ExampleBank, ExampleBanks
 from slotread.quality.lexical import TextClassifier, bank_classifier, floored
 from slotread.quality.logistic import LogisticHead
+from slotread.quality.meaning import Embed
 
 logger = logging.getLogger(__name__)
 
@@ -108,12 +113,17 @@ class Readout:
     #: the size of the bank it was fitted with
     lexical_weight: float | None = None
     lexical_examples: int = 0
+    #: the sentence encoder of the encoder partner (None: none), its weight w_e and the bank size it was
+    #: fitted with
+    encoder: str | None = None
+    encoder_weight: float = 0.0
+    encoder_examples: int = 0
     fitted_on: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def banked(self) -> bool:
-        """Whether the readout reads its schema's example bank (a vote or a lexical partner)."""
-        return bool(self.vote_neighbours) or self.lexical_weight is not None
+        """Whether the readout reads its schema's example bank (a vote, a lexical or an encoder partner)."""
+        return bool(self.vote_neighbours) or self.lexical_weight is not None or self.encoder is not None
 
     def probabilities(
         self,
@@ -121,9 +131,11 @@ class Readout:
         hidden: np.ndarray | None,
         vote: np.ndarray | None = None,
         lexical: np.ndarray | None = None,
+        dense: np.ndarray | None = None,
     ) -> np.ndarray:
         """Each read's answer distribution (R, n) from its label logits (R, n), hidden states (R, H) and,
-        for a readout with partners, the bank's vote v (n,) and the lexical classifier's q̃ (n,)."""
+        for a readout with partners, the bank's vote v (n,), the lexical classifier's q̃ (n,) and the
+        embedding classifier's ẽ (n,)."""
         scores = self.head.scores(read_features(logits, hidden, self.features)) / self.temperature
         if self.vote_neighbours:
             if vote is None:
@@ -133,9 +145,19 @@ class Readout:
             if lexical is None:
                 raise ValueError("this readout adds its lexical classifier's probabilities; none were given")
             scores = scores + self.lexical_weight * np.log(lexical)
+        if self.encoder is not None:
+            if dense is None:
+                raise ValueError("this readout adds its embedding classifier's probabilities; none were given")
+            scores = scores + self.encoder_weight * np.log(dense)
         return softmax(scores)
 
-    def answer(self, answer: Answer, vote: np.ndarray | None = None, lexical: np.ndarray | None = None) -> Answer:
+    def answer(
+        self,
+        answer: Answer,
+        vote: np.ndarray | None = None,
+        lexical: np.ndarray | None = None,
+        dense: np.ndarray | None = None,
+    ) -> Answer:
         """``answer`` with its probabilities from this head: the mean of each read's ``probabilities``.
 
         Raises ValueError when the reads lack the hidden states this head reads, or have another size,
@@ -148,7 +170,7 @@ class Readout:
             if any(state is None or state.shape != (self.hidden_size,) for state in states):
                 raise ValueError(f"this readout reads hidden states of size {self.hidden_size}; the reads differ")
             hidden = np.stack([state for state in states if state is not None])
-        return replace(answer, summary=aggregate_reads(self.probabilities(logits, hidden, vote, lexical)))
+        return replace(answer, summary=aggregate_reads(self.probabilities(logits, hidden, vote, lexical, dense)))
 
     def to_json(self, arrays: str) -> dict[str, Any]:
         """The artifact's JSON part, naming its ``arrays`` file."""
@@ -166,6 +188,9 @@ class Readout:
             "lexical": None
             if self.lexical_weight is None
             else {"weight": self.lexical_weight, "examples": self.lexical_examples},
+            "encoder": None
+            if self.encoder is None
+            else {"name": self.encoder, "weight": self.encoder_weight, "examples": self.encoder_examples},
             "arrays": arrays,
             "fitted_on": dict(self.fitted_on),
         }
@@ -240,6 +265,11 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
         math.isfinite(lexical_weight) and lexical_weight >= 0 and lexical_examples > 0
     ):
         raise ValueError(f"the lexical weight must not be negative nor its bank empty, got {lexical}")
+    encoder = data.get("encoder")  # absent from artifacts fitted before the encoder partner
+    encoder_weight = 0.0 if encoder is None else float(encoder["weight"])
+    encoder_examples = 0 if encoder is None else int(encoder["examples"])
+    if encoder is not None and not (math.isfinite(encoder_weight) and encoder_weight >= 0 and encoder_examples > 0):
+        raise ValueError(f"the encoder weight must not be negative nor its bank empty, got {encoder}")
     return Readout(
         model=str(data["model"]),
         schema=str(data["schema"]),
@@ -255,6 +285,9 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
         vote_weight=weight,
         lexical_weight=lexical_weight,
         lexical_examples=lexical_examples,
+        encoder=None if encoder is None else str(encoder["name"]),
+        encoder_weight=encoder_weight,
+        encoder_examples=encoder_examples,
         fitted_on=dict(data.get("fitted_on", {})),
     )
 
@@ -275,11 +308,15 @@ class ReadoutStore:
         *,
         hidden_states: bool = True,
         banks: ExampleBanks | None = None,
+        encoder: str | None = None,
+        embed: Embed | None = None,
     ) -> None:
         self.model = model
+        self.encoder = encoder
         self.hidden_states = hidden_states
         self._readouts: dict[str, tuple[Readout, Path]] = {}
         self._lexical: dict[str, TextClassifier] = {}
+        self._dense: dict[str, EmbeddingClassifier] = {}
         for path in sorted(directory.glob("*.readout.json")) if directory is not None else []:
             readout = Readout.load(path)
             if readout.model != model:
@@ -295,10 +332,16 @@ class ReadoutStore:
             bank = banks.get(schema) if banks is not None else None
             if readout.lexical_weight is not None and bank is not None:
                 self._lexical[schema] = fit_lexical(readout, bank, path)
+            if readout.encoder is not None and readout.encoder == encoder and embed is not None and bank is not None:
+                self._dense[schema] = fit_dense(readout, bank, path, embed)
 
     def lexical(self, schema: str, state: str) -> np.ndarray:
         """q̃ (n,) of ``state`` from the lexical classifier of ``schema``'s readout (KeyError if none was fitted)."""
         return floored(self._lexical[schema].probabilities([state])[0])
+
+    def dense(self, schema: str, state: str) -> np.ndarray:
+        """ẽ (n,) of ``state`` from the embedding classifier of ``schema``'s readout (KeyError if none)."""
+        return floored(self._dense[schema].probabilities([state])[0])
 
     def get(self, schema: str) -> Readout | None:
         """The readout of a schema, if one was loaded."""
@@ -331,18 +374,47 @@ class ReadoutStore:
                 partners.append(f"the vote of its {readout.vote_neighbours} nearest example-bank examples")
             if readout.lexical_weight is not None:
                 partners.append("a text classifier trained on its example bank")
+            if readout.encoder is not None:
+                partners.append("an embedding classifier trained on its example bank")
             return (
                 f"the readout of {where} adds {' and '.join(partners)}, and no bank serves this question; "
                 "serve one with --example-bank"
             )
         if readout.lexical_weight is not None and schema not in self._lexical:
             return f"the readout of {where} has no lexical classifier: its readouts were loaded without its bank"
+        if readout.encoder is not None and schema not in self._dense:
+            return (
+                f"the readout of {where} adds an embedding classifier of the sentence encoder {readout.encoder}: "
+                f"serve that encoder (--encoder {readout.encoder}) and its bank"
+            )
         if readout.features == "hidden+logits" and not self.hidden_states:
             return (
                 f"the readout of {where} reads hidden states, which a remote engine does not return; "
                 "fit one with `slotread fit --features logits` for this server"
             )
         return None
+
+
+def fit_dense(readout: Readout, bank: ExampleBank, path: Path, embed: Embed) -> EmbeddingClassifier:
+    """The embedding classifier of ``readout`` (from ``path``), fitted on the served ``bank``; logs the time,
+    and warns when the bank's size differs from the one the readout was fitted with."""
+    started = time.perf_counter()
+    try:
+        classifier = bank_embedding_classifier(bank, embed)
+    except ValueError as exc:
+        raise ExampleBankError(f"{bank.source}: cannot fit the embedding classifier of {path}: {exc}") from None
+    logger.info(
+        "the embedding classifier of %s: %d examples in %.1f s", path.name, len(bank), time.perf_counter() - started
+    )
+    if len(bank) != readout.encoder_examples:
+        logger.warning(
+            "%s was fitted with a bank of %d examples; %s serves %d: its encoder weight may not fit",
+            path,
+            readout.encoder_examples,
+            bank.source,
+            len(bank),
+        )
+    return classifier
 
 
 def fit_lexical(readout: Readout, bank: ExampleBank, path: Path) -> TextClassifier:

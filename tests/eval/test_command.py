@@ -66,16 +66,18 @@ def test_eval_runs_and_resumes_without_rereading_finished_items(
 
 
 def test_eval_refuses_a_folder_holding_another_run(
-    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    bank_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = ["eval", "--baseline", "tfidf", "--dataset", "banking77", "--data-dir", str(data_dir), "--no-progress"]
+    base = ["eval", "--baseline", "tfidf", "--dataset", "banking77", "--data-dir", str(bank_data_dir)]
+    base += ["--no-progress"]
     assert main([*base, "--out", str(tmp_path / "run")]) == 0
     assert main([*base, "--limit", "3", "--out", str(tmp_path / "run")]) == 1
     assert "holds another run (it differs in limit, sample_seed)" in capsys.readouterr().err
 
 
-def test_eval_compare_and_table(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["eval", "--baseline", "tfidf", "--dataset", "banking77", "--data-dir", str(data_dir), "--no-progress"]
+def test_eval_compare_and_table(bank_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["eval", "--baseline", "tfidf", "--dataset", "banking77", "--data-dir", str(bank_data_dir)]
+    base += ["--no-progress"]
     assert main([*base, "--out", str(tmp_path / "a")]) == 0
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     capsys.readouterr()
@@ -228,3 +230,60 @@ def test_eval_refuses_banks_that_make_no_sense(
     argv = ["eval", *flags, "--dataset", "banking77", "--data-dir", str(bank_data_dir), "--no-progress"]
     assert main([*argv, "--out", str(tmp_path / "run")]) == 1
     assert message in capsys.readouterr().err
+
+
+def labelled_file(tmp_path: Path) -> list[str]:
+    """A labelled file and its question, as ``eval`` arguments."""
+    question = {"type": "choice", "instructions": "Which topic?", "criteria": {"card": None, "refund": None}}
+    (tmp_path / "q.json").write_text(json.dumps(question))
+    rows = [("where is my card", "card"), ("card not here", "card"), ("refund me", "refund"), ("money back", "refund")]
+    (tmp_path / "test.csv").write_text("text,label\n" + "".join(f"{t},{label}\n" for t, label in rows))
+    return ["eval", "--dataset", str(tmp_path / "test.csv"), "--question", str(tmp_path / "q.json"), "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--baseline", "tfidf"],
+        ["--baseline", "knn", "--examples", "2"],
+        ["--baseline", "knn", "--examples", "2", "--limit", "2"],  # once the bank was the rest of the file
+        ["--model", "no-such-model", "--examples", "2"],
+        ["--model", "no-such-model", "--shortlist", "2"],
+    ],
+)
+def test_nothing_evaluated_is_trained_on_without_train(
+    tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = labelled_file(tmp_path)
+    assert main([*argv, *flags, "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert "--train FILE" in err and "nothing evaluated is ever trained on" in err
+    assert not (tmp_path / "run").exists()
+    # the evaluated file named as its own training file is refused too
+    assert main([*argv, *flags, "--train", str(tmp_path / "test.csv"), "--out", str(tmp_path / "run")]) == 1
+    assert "the data being evaluated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--baseline", "tfidf"], ["--baseline", "knn", "--examples", "2"]])
+def test_a_built_in_fitting_split_is_not_evaluated_against_itself(
+    bank_data_dir: Path, tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", *flags, "--dataset", "banking77", "--split", "train", "--data-dir", str(bank_data_dir)]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 1
+    assert "banking77 train, the data being evaluated" in capsys.readouterr().err
+
+
+def test_the_tfidf_baseline_drops_train_texts_it_evaluates(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # data_dir's train split repeats every test message: nothing is left to learn from
+    argv = ["eval", "--baseline", "tfidf", "--dataset", "banking77", "--data-dir", str(data_dir)]
+    assert main([*argv, "--out", str(tmp_path / "run"), "--no-progress"]) == 1
+    assert "needs at least two classes" in capsys.readouterr().err
+
+
+def test_per_class_limits_what_the_vote_sees(bank_data_dir: Path, tmp_path: Path) -> None:
+    argv = ["eval", "--baseline", "knn", "--examples", "3", "--dataset", "banking77", "--per-class", "1"]
+    assert main([*argv, "--data-dir", str(bank_data_dir), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    bank = json.loads((tmp_path / "run" / "run.json").read_text())["example_bank"]
+    assert bank["examples"] == 3 and bank["source"] == "banking77 train, 1 per class (seed 0)"

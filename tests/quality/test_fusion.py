@@ -46,3 +46,23 @@ def test_the_fit_is_the_minimum_in_its_box() -> None:
     for delta in np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, -1, 1]]) * 0.01:
         for sign in (1, -1):
             assert nll(*(np.array([1 / temperature, w_v, w_l]) + sign * delta)) >= best - 1e-12
+
+
+def test_a_prior_keeps_a_small_fit_off_its_bounds() -> None:
+    """Ten items that the partner separates: unshrunk, its weight runs to the cap; shrunk, T and it stay near 1."""
+    rng = np.random.default_rng(3)
+    gold = np.arange(10) % 5
+    scores = rng.normal(size=(10, 1, 5))
+    scores[np.arange(10), 0, gold] += 3.0
+    partner = np.full((10, 5), 0.05)
+    partner[np.arange(10), gold] = 0.8
+    temperature, (weight,) = fit_fusion(scores, [partner], gold)
+    assert weight == pytest.approx(WEIGHT_MAX)  # the cap
+    temperature, (shrunk,) = fit_fusion(scores, [partner], gold, prior_items=20)
+    assert 0.5 < temperature < 1.5 and 0.5 < shrunk < 2
+    # the prior's pull fades with the items: 100 times the data moves the weight further from 1
+    many = np.tile(gold, 100)
+    big_scores, big_partner = np.tile(scores, (100, 1, 1)), np.tile(partner, (100, 1))
+    _, (w_big,) = fit_fusion(big_scores, [big_partner], many, prior_items=20)
+    _, (w_free,) = fit_fusion(big_scores, [big_partner], many)
+    assert w_big > 1.5 * shrunk and w_free == pytest.approx(WEIGHT_MAX)

@@ -1,0 +1,66 @@
+"""The data an evaluation may learn from: never the items it evaluates.
+
+Baselines train on it, example banks and readout partners are built from it. A built-in set's
+training data is its fitting split (``datasets.fitting_split``); a labelled file has none unless the
+caller names one with ``--train``. Evaluating the fitting split itself, or a file against itself, is
+refused: a baseline trained on its test items grades itself (TF-IDF + LR reports 100%), and a bank
+built from the rest of a ``--limit`` sample shows the model its own test file. Texts the evaluated items
+also hold are left out by each user (``banks.bank_from_dataset``, ``baseline.evaluate_baseline``).
+``per_class`` keeps at most K items of each class (seeded, before the drop), so a
+few-label evaluation sees nothing outside those K per class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from slotread.errors import EvalError
+from slotread.eval.datasets import BUILTIN, Dataset, fitting_split, load_dataset, per_class_sample
+
+
+def training_data(
+    evaluated: Dataset,
+    train: str | None,
+    *,
+    data_dir: Path | None = None,
+    question: Path | None = None,
+    per_class: int | None = None,
+    seed: int = 0,
+    purpose: str = "this evaluation",
+) -> Dataset:
+    """The data ``purpose`` learns from when ``evaluated`` is evaluated (module docstring).
+
+    ``train`` is the --train file (None: a built-in set's fitting split). Raises EvalError naming
+    --train when there is none, when it is the evaluated data, or when nothing is left of it.
+    """
+    if train is None and evaluated.name not in BUILTIN:
+        raise EvalError(
+            f"{purpose} learns from labelled examples, and {evaluated.name} is the file being evaluated: "
+            "name a separate training file with --train FILE (nothing evaluated is ever trained on)"
+        )
+    name = evaluated.name if train is None else train
+    split = fitting_split(name) if name in BUILTIN else None
+    same = name == evaluated.name if name in BUILTIN else Path(name).resolve() == Path(evaluated.name).resolve()
+    if same and split == evaluated.split:
+        raise EvalError(
+            f"{purpose} would learn from {evaluated.title}, the data being evaluated: evaluate another split "
+            "(--split) or name a separate training file with --train FILE (nothing evaluated is ever trained on)"
+        )
+    data = load_dataset(name, split, data_dir=data_dir, question=question)
+    if data.task.classes != evaluated.task.classes:
+        raise EvalError(f"the training data ({data.title}) has other classes than the evaluated data")
+    if per_class is not None:
+        data = few_labels(data, per_class, seed)
+    if not data.items:
+        raise EvalError(f"{purpose}: the training data {data.title} holds no items")
+    return data
+
+
+def few_labels(data: Dataset, per_class: int, seed: int) -> Dataset:
+    """At most ``per_class`` items of each class (``datasets.per_class_sample`` with ``seed``), the split's
+    name saying so (bank sources, run.json, readout artifacts): what ``eval --per-class`` learns from and
+    ``fit --seen-per-class`` sees, the same items for the same data and seed."""
+    return replace(
+        per_class_sample(data, per_class, seed), split=f"{data.split or 'file'}, {per_class} per class (seed {seed})"
+    )
