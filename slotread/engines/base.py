@@ -46,7 +46,9 @@ class ReadRequest:
     ``seed=None`` reads the canvas exactly as given: a caller that noised it already (the engine
     server, receiving a vLLM seed canvas) must not have it noised twice. ``hidden=True`` asks for each
     slot's final hidden state too (``SlotScores.hidden``; in-process engines only, a remote engine
-    returns none).
+    returns none). ``steps`` > 1 (DiffusionGemma only) denoises the canvas that many decoder steps,
+    every position but the slots pinned at its given token, and reads the last step
+    (``engines/denoise.py``).
     """
 
     prompt: tuple[tuple[int, ...], ...]
@@ -54,6 +56,7 @@ class ReadRequest:
     slots: tuple[Slot, ...]
     seed: int | None = 0
     hidden: bool = False
+    steps: int = 1
 
     @cached_property
     def prompt_ids(self) -> tuple[int, ...]:

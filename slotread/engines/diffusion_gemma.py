@@ -56,6 +56,7 @@ from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.attention import MASKED
 from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.denoise import MAX_STEPS, Schedule, denoised_hidden
 from slotread.engines.forward_graphs import ForwardGraphs, bucket, length_bucket
 from slotread.engines.gemma_forward import (
     Canvases,
@@ -159,6 +160,7 @@ class DiffusionGemmaEngine:
         self._encoder = model.model.encoder.language_model
         self._decoder = model.model.decoder
         self._head = OutputHead(model.lm_head.weight, softcap=float(self._config.final_logit_softcapping))
+        self._schedule = Schedule.of(model)
         # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
         use_graphs = cuda_graphs and model.device.type == "cuda" and model.dtype == torch.bfloat16
         self._graphs = (
@@ -192,12 +194,15 @@ class DiffusionGemmaEngine:
             rest = [index for index, request in enumerate(requests) if request.prompt_ids not in deferred]
             reads = {i: self._plan(requests[i], boundaries[requests[i].prompt_ids]) for i in rest}
             # Rows sharing a prompt KV adjacent (one shared part), similar own lengths together.
-            order = sorted(rest, key=lambda i: reads[i].order_key)
-            for start in range(0, len(order), self.max_canvases):
-                chunk = order[start : start + self.max_canvases]
-                batch = [requests[i] for i in chunk]
-                logits, hidden = self._slot_logits(batch, [reads[i] for i in chunk])  # (S, V), (S, H)
-                scores.update(zip(chunk, self._scored(batch, logits, hidden), strict=True))
+            # A forward's canvases take one number of denoise steps.
+            order = sorted(rest, key=lambda i: (requests[i].steps, reads[i].order_key))
+            for _, run in groupby(order, key=lambda i: requests[i].steps):
+                same = list(run)
+                for start in range(0, len(same), self.max_canvases):
+                    chunk = same[start : start + self.max_canvases]
+                    batch = [requests[i] for i in chunk]
+                    logits, hidden = self._slot_logits(batch, [reads[i] for i in chunk])  # (S, V), (S, H)
+                    scores.update(zip(chunk, self._scored(batch, logits, hidden), strict=True))
         return [scores[index] for index in range(len(requests))]
 
     def counters(self) -> dict[str, int]:
@@ -277,9 +282,10 @@ class DiffusionGemmaEngine:
             return {}
         inner = {ids[:end] for ids, ends in todo.items() for end in ends if end < len(ids)}
         reads = Counter(request.prompt_ids for request in requests)
+        stepped = {request.prompt_ids for request in requests if request.steps > 1}  # read by ``denoise``
         deferred = {}
         for ids, ends in todo.items():
-            if not ends or ends[-1] != len(ids) or ids in inner or reads[ids] > self.max_canvases:
+            if not ends or ends[-1] != len(ids) or ids in inner or reads[ids] > self.max_canvases or ids in stepped:
                 continue
             boundaries = sorted({*found[ids], *ends})
             if len(boundaries) > 1:
@@ -503,7 +509,11 @@ class DiffusionGemmaEngine:
         )
         own = self._own_prompts(reads)
         hidden = None  # (B, C, H)
-        if self._graphs is not None and own is None and len(canvases.shared) == 1:
+        if batch[0].steps > 1:
+            layer_types = self._config.layer_types
+            steps = batch[0].steps
+            hidden = denoised_hidden(self._decoder, layer_types, self._head, self._schedule, batch, canvases, own, steps)
+        elif self._graphs is not None and own is None and len(canvases.shared) == 1:
             hidden = self._graphs.decode(canvases)
         if hidden is None:
             hidden = decode(self._decoder, self._config.layer_types, canvases, own)
@@ -596,6 +606,8 @@ class DiffusionGemmaEngine:
             raise ValueError(f"request {index}: empty prompt (the decoder reads the prompt's KV)")
         if not request.slots:
             raise ValueError(f"request {index}: no slots")
+        if not 1 <= request.steps <= MAX_STEPS:
+            raise ValueError(f"request {index}: steps must be 1..{MAX_STEPS}, got {request.steps}")
         for slot in request.slots:
             if not 0 <= slot.position < len(request.canvas):
                 raise ValueError(f"request {index}: slot position {slot.position} outside the canvas")
