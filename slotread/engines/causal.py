@@ -48,8 +48,10 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.causal_thought import greedy_thought
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import OutputHead, score_slots, with_hidden
+from slotread.engines.thought import ThoughtRequest
 from slotread.errors import ModelLoadError, PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -180,6 +182,10 @@ class CausalEngine:
             max_batch_rows,
             self.prefix_cache.max_bytes // 2**20,
         )
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        """Each request's thought, generated greedily (``causal_thought``)."""
+        return [greedy_thought(self._model, r.prompt_ids, r.max_tokens, r.stop_ids) for r in requests]
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
         """One ``SlotScores`` per request, in order (see the module docstring for the recipe)."""

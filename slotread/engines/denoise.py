@@ -118,7 +118,7 @@ def denoised_hidden(
         tokens = seeded.clone()
         for row, (request, generator) in enumerate(zip(requests, generators, strict=True)):
             width = len(request.canvas)
-            drawn = _sampled(processed[row, :width], schedule.entropy_bound, generator)
+            drawn = sampled(processed[row, :width], schedule.entropy_bound, generator)
             tokens[row, :width] = torch.where(pinned[row, :width], seeded[row, :width], drawn)
         canvases = replace(canvases, tokens=tokens)
         # the library conditions on the processed logits in the embeddings' dtype
@@ -128,7 +128,7 @@ def denoised_hidden(
     raise ValueError(f"steps must be at least 1, got {steps}")
 
 
-def _sampled(processed: torch.Tensor, entropy_bound: float, generator: torch.Generator) -> torch.Tensor:
+def sampled(processed: torch.Tensor, entropy_bound: float, generator: torch.Generator) -> torch.Tensor:
     """One canvas's next tokens (W,) from its processed logits (W, V): a sampled token where the
     entropy bound accepts it, a uniform random id elsewhere (``EntropyBoundSampler``'s accept and renoise,
     in its order of draws)."""
