@@ -17,6 +17,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
 from slotread.api.bank_file import read_bank
+from slotread.api.read_modes import model_problems, read_modes
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine
 from slotread.engines.causal import CausalEngine
@@ -24,7 +25,8 @@ from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError, UnknownModel
+from slotread.engines.thought import Thinker
+from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.models.registry import DEFAULT_MODEL
@@ -207,6 +209,9 @@ class Decider:
             max_options=self.max_options,
             max_permutations=self.max_permutations,
         )
+        modes = read_modes(wire, [])
+        if unable := model_problems(modes, self.name, self.engine.family, isinstance(self.engine, Thinker)):
+            raise InvalidRequest(unable)
         layout = self.readouts.layout_for(decision) if decision.readout else None
         renderer = self.renderer_for(layout) if layout else self.renderer
         result = decide_calibrated(

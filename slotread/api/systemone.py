@@ -6,7 +6,7 @@ starting at ``"body"``, as FastAPI reports them. ``to_response`` turns a ``Decis
 response body. Extensions beyond Jev are ``x_``-prefixed; vLLM's ``instructions`` and ``joint``
 request fields are accepted with their meaning, and so are the request options of vLLM's
 structured-decision example server (``samples``, ``seed``, ``ask``, ``auto_threshold``, ``auto_max``,
-``chunk_rows``, ``chunk_prompt``, ``think`` and a question's ``alone``), under its names. Unknown
+``chunk_rows``, ``chunk_prompt``, ``think``, ``steps`` and a question's ``alone``), under its names. Unknown
 top-level fields are ignored, as the contract says; an unknown field inside a question is refused
 (``QUESTION_FIELDS``).
 """
@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
+from slotread.api.read_modes import read_modes
 from slotread.api.responses import Level
 from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
@@ -128,6 +129,10 @@ class ReadOptions(BaseModel):
     x_readout: StrictBool | None = None
     x_examples: StrictInt | None = None
     x_shortlist: StrictInt | None = None
+    # read modes (``api.read_modes``)
+    x_think: StrictInt | None = None
+    x_thought: StrictBool | None = None
+    x_steps: StrictInt | None = None
 
 
 class SystemOneRequest(ReadOptions):
@@ -155,8 +160,9 @@ class SystemOneRequest(ReadOptions):
     auto_max: StrictInt | None = None
     chunk_rows: StrictInt | None = None
     chunk_prompt: ChunkPrompt | None = None
-    #: accepted off (false or 0): slotread reads without a thought
+    #: a thought budget (false: 0), and denoise steps (``api.read_modes``)
     think: StrictBool | StrictInt | None = None
+    steps: StrictInt | None = None
 
     @field_validator("questions")
     @classmethod
@@ -282,6 +288,7 @@ def to_decision(
         problems.append(_problem([field], f"{field} must be 1..{max_samples} or 'auto', got {samples}"))
     problems += _auto_problems(request, samples, max_samples)
     problems += _server_option_problems(request)
+    modes = read_modes(request, problems)
     permutations = 1 if request.x_permutations is None else request.x_permutations
     if not 1 <= permutations <= max_permutations:
         msg = f"x_permutations must be 1..{max_permutations}, got {permutations}"
@@ -326,6 +333,8 @@ def to_decision(
         auto_max=request.auto_max or AUTO_MAX,
         chunk_rows=request.chunk_rows,
         chunk_prompt=request.chunk_prompt or "own",
+        think=modes.think,
+        steps=modes.steps,
     )
 
 
@@ -354,17 +363,11 @@ def _auto_problems(request: SystemOneRequest, samples: Any, max_samples: int) ->
 
 
 def _server_option_problems(request: SystemOneRequest) -> list[ErrorDetail]:
-    """chunk_rows and think, as far as slotread takes them."""
+    """chunk_rows, as far as slotread takes it."""
     problems = []
     if request.chunk_rows is not None and request.chunk_rows < MIN_CHUNK_ROWS:
         msg = f"chunk_rows must be at least {MIN_CHUNK_ROWS} canvas tokens, got {request.chunk_rows}"
         problems.append(_problem(["chunk_rows"], msg))
-    think = request.think
-    if isinstance(think, int) and not isinstance(think, bool) and think < 0:
-        problems.append(_problem(["think"], f"think is a thought budget in tokens, got {think}"))
-    elif think:
-        msg = "thinking before the read is not supported yet: leave think out, or send false or 0"
-        problems.append(_problem(["think"], msg, "not_supported"))
     return problems
 
 
@@ -438,7 +441,7 @@ def _example_problems(request: SystemOneRequest) -> list[ErrorDetail]:
     return problems
 
 
-def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> dict[str, Any]:
+def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion, thought: bool) -> dict[str, Any]:
     question = answer.question
     p = answer.probabilities
     summary = answer.summary
@@ -467,6 +470,8 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
     body["x_entropy"] = summary.entropy
     body["x_label_mass"] = answer.label_mass
     body["x_reads"] = summary.reads
+    if thought and answer.thought is not None:
+        body["x_thought"] = answer.thought
     return body
 
 
@@ -477,7 +482,9 @@ def to_response(result: DecisionResult, request: SystemOneRequest, model: str) -
     are never null, and its client refuses one. Score legends echo the levels exactly as the request gave them.
     """
     answers = {
-        qid: _answer(answer, request.questions[qid]) for qid, answer in result.answers.items() if answer is not None
+        qid: _answer(answer, request.questions[qid], bool(request.x_thought))
+        for qid, answer in result.answers.items()
+        if answer is not None
     }
     return {
         "model": model,

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# the limits of Decision.steps and Decision.think, re-exported for the api
+from slotread.engines.denoise import MAX_STEPS as MAX_STEPS
+from slotread.engines.thought import MAX_THOUGHT_TOKENS as MAX_THOUGHT_TOKENS
 from slotread.prompt.render import SolvedExample
 
 Kind = Literal["noul", "choice", "score"]
@@ -90,7 +93,9 @@ class Decision:
     question whose first read's normalised entropy is above the threshold is read again, up to
     ``auto_max`` draws in all. ``chunk_rows``: a joint canvas holds at most this many tokens before its
     padding (None: one canvas per stage), the questions split in order into the fewest chunks that
-    fit; ``chunk_prompt`` says what each chunk's prompt lists.
+    fit; ``chunk_prompt`` says what each chunk's prompt lists. ``think``: a thought budget in tokens the
+    model writes before each read (``core.thinking``; 0: none); ``steps``: denoise steps of a
+    DiffusionGemma read (``engines.denoise``; 1: the one-step read).
     """
 
     state: str
@@ -109,3 +114,5 @@ class Decision:
     auto_max: int = AUTO_MAX
     chunk_rows: int | None = None
     chunk_prompt: ChunkPrompt = "own"
+    think: int = 0
+    steps: int = 1

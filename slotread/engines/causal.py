@@ -48,7 +48,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
-from slotread.engines.causal_thought import greedy_thought
+from slotread.engines.causal_thought import greedy_thoughts
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import OutputHead, score_slots, with_hidden
 from slotread.engines.thought import ThoughtRequest
@@ -184,8 +184,12 @@ class CausalEngine:
         )
 
     def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
-        """Each request's thought, generated greedily (``causal_thought``)."""
-        return [greedy_thought(self._model, r.prompt_ids, r.max_tokens, r.stop_ids) for r in requests]
+        """Each request's thought, generated greedily in one batch (``causal_thought``)."""
+        if not requests:
+            return []
+        return greedy_thoughts(
+            self._model, [r.prompt_ids for r in requests], [r.max_tokens for r in requests], [r.stop_ids for r in requests]
+        )
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
         """One ``SlotScores`` per request, in order (see the module docstring for the recipe)."""

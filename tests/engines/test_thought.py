@@ -38,6 +38,29 @@ def test_greedy_thought_is_generate(name: str) -> None:
     assert list(short) == library[:5]
 
 
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_batched_thoughts_are_batched_generate(name: str) -> None:
+    """Rows of different lengths, budgets and stops in one call: each as a left-padded ``generate`` gives it."""
+    torch.manual_seed(0)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(CONFIGS[name], dtype=torch.float32).eval()
+    prompts = [_prompt(model.config.vocab_size, n, seed) for n, seed in ((21, 3), (9, 4), (14, 5))]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        library = model.generate(
+            ids, attention_mask=mask, do_sample=False, max_new_tokens=20, min_new_tokens=20, pad_token_id=0
+        )[:, width:].tolist()
+    stop = library[1][6]
+    requests = [
+        ThoughtRequest((prompts[0],), 20, frozenset()),
+        ThoughtRequest((prompts[1],), 20, frozenset({stop})),
+        ThoughtRequest((prompts[2],), 11, frozenset()),
+    ]
+    thoughts = CausalEngine(model).think(requests)
+    assert [list(t) for t in thoughts] == [library[0], library[1][: library[1].index(stop)], library[2][:11]]
+
+
 @pytest.fixture(scope="module")
 def diffusion() -> DiffusionGemmaForBlockDiffusion:
     return tiny_diffusion_gemma(seed=0)
