@@ -47,8 +47,8 @@ class ReadRequest:
     server, receiving a vLLM seed canvas) must not have it noised twice. ``hidden=True`` asks for each
     slot's final hidden state too (``SlotScores.hidden``; in-process engines only, a remote engine
     returns none). ``steps`` > 1 (DiffusionGemma only) denoises the canvas that many decoder steps,
-    every position but the slots pinned at its given token, and reads the last step
-    (``engines/denoise.py``).
+    the ``pinned`` positions held at their given tokens (None: every position but the slots), and reads
+    the last step (``engines/denoise.py``).
     """
 
     prompt: tuple[tuple[int, ...], ...]
@@ -57,6 +57,7 @@ class ReadRequest:
     seed: int | None = 0
     hidden: bool = False
     steps: int = 1
+    pinned: tuple[int, ...] | None = None
 
     @cached_property
     def prompt_ids(self) -> tuple[int, ...]:

@@ -11,8 +11,8 @@ k > 1 steps the canvas is first denoised k - 1 times by the library's own sample
    entropy-bound sampler accepts the lowest-entropy positions whose summed entropy (less the largest)
    stays within ``entropy_bound`` and renoises the others with uniform random ids
    (``EntropyBoundSampler``);
-3. every pinned position (every canvas position but the slots: the template, ``<turn|>``, padding) is
-   put back to its seeded token, and its self-conditioning signal is zeroed for the next step, so the
+3. every pinned position (by default every canvas position but the slots: the template, ``<turn|>``,
+   padding; ``ReadRequest.pinned`` names them otherwise) is put back to its seeded token, and its self-conditioning signal is zeroed for the next step, so the
    template reads as on the first step and only the slots move;
 4. the last step's temperature-1 logits at the slots are the read (vLLM's ``diffusion_read_only``).
 
@@ -78,11 +78,15 @@ def sampler_seed(noised: tuple[int, ...]) -> int:
 
 
 def pinned_mask(requests: list[ReadRequest], columns: int, device: torch.device) -> torch.Tensor:
-    """(B, C) bool: True where a canvas holds its token (everything but its slots, and the batch's padding)."""
+    """(B, C) bool: True where a canvas holds its token: its ``pinned`` positions (by default everything but
+    its slots), and the batch's padding."""
     pinned = torch.ones(len(requests), columns, dtype=torch.bool)
     for row, request in enumerate(requests):
-        for slot in request.slots:
-            pinned[row, slot.position] = False
+        if request.pinned is None:
+            pinned[row, [slot.position for slot in request.slots]] = False
+        else:
+            pinned[row, : len(request.canvas)] = False
+            pinned[row, list(request.pinned)] = True
     return pinned.to(device)
 
 

@@ -17,7 +17,9 @@ Request, one per at most 128 distinct label ids (a read that needs more is split
      "vllm_xargs": {                    diffusion models only
         "diffusion_seed_canvas": [int, ...], "diffusion_canvas_length": int,
         "diffusion_max_steps": 1, "diffusion_read_only": true,
-        "diffusion_pinned": [int, ...]}}   optional, only with a seed canvas
+        "diffusion_pinned": [int, ...]}}   only with a seed canvas; a read of k > 1 steps
+                                           (diffusion_max_steps: k, up to 8) pins every position
+                                           but its slots
 
 Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1
 (the decoder's clean-token prediction at each after one read-only step)::
@@ -55,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from slotread.engines.base import Family, ReadRequest, Slot, SlotScores
+from slotread.engines.denoise import MAX_STEPS
 from slotread.engines.noise import noise_canvas
 from slotread.errors import UnknownModel, WireError
 
@@ -124,9 +127,13 @@ def completion_bodies(request: ReadRequest, family: Family, model: str, vocab_si
             body["vllm_xargs"] = {
                 "diffusion_seed_canvas": list(canvas),
                 "diffusion_canvas_length": len(canvas),
-                "diffusion_max_steps": 1,
+                "diffusion_max_steps": request.steps,
                 "diffusion_read_only": True,
             }
+            if request.steps > 1:
+                free = set(positions)
+                pinned = request.pinned if request.pinned is not None else [p for p in range(len(canvas)) if p not in free]
+                body["vllm_xargs"]["diffusion_pinned"] = list(pinned)
         bodies.append(body)
     return bodies
 
@@ -234,6 +241,9 @@ class CompletionRead:
     canvas: Ids | None
     #: the distinct ``logprob_token_ids``, in request order
     token_ids: Ids
+    #: a diffusion read's denoise steps (``diffusion_max_steps``) and the positions they hold
+    steps: int = 1
+    pinned: Ids = ()
 
     @property
     def positions(self) -> int:
@@ -311,7 +321,10 @@ def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, 
             f"tokens ({len(prompt)} in the prompt, {max_tokens} in the completion).",
             "prompt",
         )
-    return CompletionRead(prompt, canvas, token_ids)
+    if canvas is None:
+        return CompletionRead(prompt, None, token_ids)
+    assert xargs is not None
+    return CompletionRead(prompt, canvas, token_ids, xargs["diffusion_max_steps"], tuple(xargs.get("diffusion_pinned") or ()))
 
 
 def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int) -> Ids:
@@ -319,7 +332,7 @@ def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int)
     if xargs is None:
         raise WireError(
             "vllm_xargs: a diffusion read needs diffusion_seed_canvas, diffusion_canvas_length, "
-            "diffusion_max_steps 1 and diffusion_read_only true",
+            f"diffusion_max_steps (1 to {MAX_STEPS}) and diffusion_read_only true",
             "vllm_xargs",
         )
     seed, pinned = xargs.get("diffusion_seed_canvas"), xargs.get("diffusion_pinned")
@@ -350,9 +363,11 @@ def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int)
             "max_tokens",
         )
     # vLLM passes xargs through pydantic's lax mode, where JSON true arrives as 1: accept both.
-    if type(xargs.get("diffusion_max_steps")) is not int or xargs["diffusion_max_steps"] != 1:
+    steps = xargs.get("diffusion_max_steps")
+    if type(steps) is not int or not 1 <= steps <= MAX_STEPS:
         raise WireError(
-            "vllm_xargs.diffusion_max_steps must be 1: this server only reads (one read-only step)",
+            f"vllm_xargs.diffusion_max_steps must be 1 to {MAX_STEPS}: this server reads after at most "
+            f"{MAX_STEPS} denoise steps",
             "vllm_xargs.diffusion_max_steps",
         )
     if xargs.get("diffusion_read_only") not in (True, 1):
@@ -388,7 +403,9 @@ def read_request(read: CompletionRead) -> ReadRequest:
     if read.canvas is None:
         return ReadRequest(prompt=(read.prompt,), canvas=(), slots=(Slot(0, labels),), seed=None)
     slots = tuple(Slot(position, labels) for position in range(len(read.canvas)))
-    return ReadRequest(prompt=(read.prompt,), canvas=read.canvas, slots=slots, seed=None)
+    return ReadRequest(
+        prompt=(read.prompt,), canvas=read.canvas, slots=slots, seed=None, steps=read.steps, pinned=read.pinned
+    )
 
 
 def completion_response(read: CompletionRead, scores: SlotScores, model: str) -> Body:
