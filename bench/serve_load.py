@@ -21,7 +21,10 @@ Workloads (text is random common words; a word is about 1.3 tokens):
 * ``w2``: mixed traffic: three schemas (support triage with ``depends_on``/``ask_if``, a 77-option
   intent choice, a moderation schema of which a request asks its first 1-8 questions), states of
   20-400 tokens, 10% of requests with ``x_samples: "auto"``;
-* ``support``: README's example questions about short support messages (the CPU path).
+* ``support``: README's example questions about short support messages (the CPU path);
+* ``w1-steps4``, ``w1-think64``: ``w1`` read after 4 denoise steps with the template pinned
+  (``x_steps: 4``), or after a thought of up to 64 tokens per question (``x_think: 64``; DiffusionGemma
+  writes it by block diffusion, one block of the model's canvas, up to its ``max_denoising_steps``).
 
 The share of the bf16 peak counts 2 FLOPs per active parameter per new token (attention left out)
 against ``--peak-tflops`` (788 measured on an H200 here).
@@ -195,8 +198,14 @@ MESSAGES = [
 README_QUESTIONS = {k: v for k, v in SUPPORT_QUESTIONS.items() if k in ("urgent", "intent", "severity")}
 
 
+#: ``w1`` read another way (issue 20's read modes)
+READ_MODES: dict[str, dict[str, Any]] = {"w1-steps4": {"x_steps": 4}, "w1-think64": {"x_think": 64}}
+
+
 def make_request(workload: str, rng: random.Random) -> dict[str, Any]:
     """One request of ``workload``, fresh text from ``rng``."""
+    if workload in READ_MODES:
+        return {**make_request("w1", rng), **READ_MODES[workload]}
     seed = rng.randrange(2**31)
     if workload in ("w1", "w1-joint"):
         body = {"instructions": POLICY, "state": paragraph(rng, 75), "questions": W1_QUESTIONS, "x_seed": seed}
@@ -463,6 +472,11 @@ def engine_phase(args: argparse.Namespace) -> list[str]:
             self.calls.append(requests)
             result: list[SlotScores] = self.engine.read(requests)
             return result
+
+        def think(self, requests: list[Any]) -> list[tuple[int, ...]]:
+            # w1-think64: the thoughts are generated while recording; the timed reads follow them
+            thoughts: list[tuple[int, ...]] = self.engine.think(requests)
+            return thoughts
 
     decider = Decider(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     engine = decider.engine
