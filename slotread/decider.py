@@ -210,7 +210,8 @@ class Decider:
             max_permutations=self.max_permutations,
         )
         modes = read_modes(wire, [])
-        if unable := model_problems(modes, self.name, self.engine.family, isinstance(self.engine, Thinker)):
+        thinks, upstream = isinstance(self.engine, Thinker), isinstance(self.engine, RemoteEngine)
+        if unable := model_problems(modes, self.name, self.engine.family, thinks, upstream):
             raise InvalidRequest(unable)
         layout = self.readouts.layout_for(decision) if decision.readout else None
         renderer = self.renderer_for(layout) if layout else self.renderer

@@ -63,13 +63,17 @@ def read_modes(request: Any, problems: list[ErrorDetail]) -> ReadModes:
     return ReadModes(think or 0, thought, steps or 1, think_field, steps_field)
 
 
-def model_problems(modes: ReadModes, model: str, family: str, thinks: bool) -> list[ErrorDetail]:
-    """What the served ``model`` (its engine ``family``, whether its engine ``thinks``) cannot do of ``modes``."""
+def model_problems(
+    modes: ReadModes, model: str, family: str, thinks: bool, upstream: bool = False
+) -> list[ErrorDetail]:
+    """What the served ``model`` (its engine ``family``, whether its engine ``thinks``, whether it is read
+    through ``--upstream``) cannot do of ``modes``."""
     problems = []
     if modes.steps > 1 and family != "diffusion":
         msg = f"{model} reads in one forward ({family} model): {modes.steps_field} > 1 needs a DiffusionGemma model"
         problems.append(_problem(modes.steps_field, msg, "not_supported"))
     if modes.think and not thinks:
-        msg = f"{model} cannot write a thought before its read ({family} model): leave {modes.think_field} at 0"
+        why = "read through --upstream, which does not generate" if upstream else f"a {family} model"
+        msg = f"{model} cannot write a thought before its read here ({why}): leave {modes.think_field} at 0"
         problems.append(_problem(modes.think_field, msg, "not_supported"))
     return problems
