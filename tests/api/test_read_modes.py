@@ -63,3 +63,8 @@ def test_the_served_model_must_support_the_mode() -> None:
     assert [d["loc"] for d in causal] == [["body", "x_steps"]] and "qwen" in causal[0]["msg"]
     masked = model_problems(modes, "bert", "masked", thinks=False)
     assert [d["loc"] for d in masked] == [["body", "x_steps"], ["body", "think"]]
+
+
+def test_thinking_through_upstream_is_refused_saying_why() -> None:
+    (problem,) = model_problems(ReadModes(think=8), "dg", "diffusion", thinks=False, upstream=True)
+    assert problem["loc"] == ["body", "x_think"] and "--upstream" in problem["msg"]
