@@ -16,6 +16,7 @@ Results go to ``<out>/<dataset>-think<N>.json`` (one row per item) and a Markdow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -81,8 +82,10 @@ def main() -> None:
     engine = RecordedThoughts(decider.engine)
     decider.engine = engine  # type: ignore[assignment]
     args.out.mkdir(parents=True, exist_ok=True)
-    print("| dataset | x_think | items | accuracy (95% CI) | ECE | thought tokens (mean) | thought s/item (batched) "
-          "| read s/item | one decision s (n) |")
+    print(
+        "| dataset | x_think | items | accuracy (95% CI) | ECE | thought tokens (mean) | thought s/item (batched) "
+        "| read s/item | one decision s (n) |"
+    )
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for budget in args.think:
         fields = {"x_seed": 0, "x_think": budget, "x_thought": True} if budget else {"x_seed": 0}
@@ -94,10 +97,8 @@ def main() -> None:
             if budget:
                 engine.asked = []
                 for request in requests:
-                    try:
+                    with contextlib.suppress(_Dry):
                         decider.decide(request)
-                    except _Dry:
-                        pass
                 asked, engine.asked = engine.asked, None
                 began = time.perf_counter()
                 engine.known = dict(zip(asked, engine.engine.think(asked), strict=True))

@@ -52,7 +52,9 @@ def read_modes(request: Any, problems: list[ErrorDetail]) -> ReadModes:
         think = 0
     steps, steps_field = _given(request, "steps", problems)
     if steps is not None and not 1 <= steps <= MAX_STEPS:
-        problems.append(_problem(steps_field, f"{steps_field} is a number of denoise steps, 1..{MAX_STEPS}, got {steps}"))
+        problems.append(
+            _problem(steps_field, f"{steps_field} is a number of denoise steps, 1..{MAX_STEPS}, got {steps}")
+        )
         steps = 1
     thought = bool(getattr(request, "x_thought", None))
     if thought and not think:

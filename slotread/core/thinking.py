@@ -11,6 +11,7 @@ sampled: its seed comes from the request seed and the unit's own token ids, as a
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Protocol
 from weakref import WeakKeyDictionary
 
@@ -39,7 +40,7 @@ def thought_format(renderer: Renderer) -> ThoughtFormat:
     return _formats[renderer]
 
 
-def think(units: list[ThinkingUnit], budget: int, seed: int, engine: Engine, renderer: Renderer) -> None:
+def think(units: Sequence[ThinkingUnit], budget: int, seed: int, engine: Engine, renderer: Renderer) -> None:
     """Give every unit a thought of at most ``budget`` tokens, in one engine call, and its read after it."""
     if not isinstance(engine, Thinker):
         raise ValueError(f"the {type(engine).__name__} writes no thoughts")
@@ -48,7 +49,9 @@ def think(units: list[ThinkingUnit], budget: int, seed: int, engine: Engine, ren
     requests = [ThoughtRequest(prompt, budget, form.stop_ids, _thought_seed(seed, prompt)) for prompt in prompts]
     for unit, thought in zip(units, engine.think(requests), strict=True):
         unit.rendered = form.with_thought(unit.rendered, thought)
-        unit.thought = renderer.tokenizer.decode(list(thought), skip_special_tokens=True).strip()
+        text = renderer.tokenizer.decode(list(thought), skip_special_tokens=True)
+        assert isinstance(text, str)
+        unit.thought = text.strip()
         unit.thought_tokens = len(thought)
 
 

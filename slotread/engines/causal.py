@@ -188,7 +188,10 @@ class CausalEngine:
         if not requests:
             return []
         return greedy_thoughts(
-            self._model, [r.prompt_ids for r in requests], [r.max_tokens for r in requests], [r.stop_ids for r in requests]
+            self._model,
+            [r.prompt_ids for r in requests],
+            [r.max_tokens for r in requests],
+            [r.stop_ids for r in requests],
         )
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:

@@ -28,7 +28,9 @@ def greedy_thoughts(
     with torch.inference_mode():
         while not all(done):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -fed.shape[1] :]
-            out = model(input_ids=fed, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+            out = model(
+                input_ids=fed, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            )
             cache = out.past_key_values
             tokens = out.logits[:, -1].argmax(dim=-1).tolist()
             for row, token in enumerate(tokens):

@@ -12,8 +12,9 @@ k > 1 steps the canvas is first denoised k - 1 times by the library's own sample
    stays within ``entropy_bound`` and renoises the others with uniform random ids
    (``EntropyBoundSampler``);
 3. every pinned position (by default every canvas position but the slots: the template, ``<turn|>``,
-   padding; ``ReadRequest.pinned`` names them otherwise) is put back to its seeded token, and its self-conditioning signal is zeroed for the next step, so the
-   template reads as on the first step and only the slots move;
+   padding; ``ReadRequest.pinned`` names them otherwise) is put back to its seeded token, and its
+   self-conditioning signal is zeroed for the next step, so the template reads as on the first step and
+   only the slots move;
 4. the last step's temperature-1 logits at the slots are the read (vLLM's ``diffusion_read_only``).
 
 The sampler draws from a generator seeded by the noised canvas itself (``sampler_seed``), one per
@@ -28,12 +29,17 @@ library's defaults (t 0.4-0.8, entropy bound 0.1).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
+    DiffusionGemmaDecoderModel,
+    DiffusionGemmaTextScaledWordEmbedding,
+)
 
 from slotread.engines.base import ReadRequest
 from slotread.engines.gemma_forward import Canvases, OwnPrompt, decode
@@ -91,8 +97,8 @@ def pinned_mask(requests: list[ReadRequest], columns: int, device: torch.device)
 
 
 def denoised_hidden(
-    decoder: torch.nn.Module,
-    layer_types: list[str],
+    decoder: DiffusionGemmaDecoderModel,
+    layer_types: Sequence[str],
     head: OutputHead,
     schedule: Schedule,
     requests: list[ReadRequest],
@@ -111,6 +117,7 @@ def denoised_hidden(
         for row, request in enumerate(requests)
     ]
     embed = decoder.embed_tokens
+    assert isinstance(embed, DiffusionGemmaTextScaledWordEmbedding)
     conditioning = None
     for cur_step in range(steps, 0, -1):
         hidden = decode(decoder, layer_types, canvases, own, conditioning)

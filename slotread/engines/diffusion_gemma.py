@@ -521,7 +521,9 @@ class DiffusionGemmaEngine:
         if batch[0].steps > 1:
             layer_types = self._config.layer_types
             steps = batch[0].steps
-            hidden = denoised_hidden(self._decoder, layer_types, self._head, self._schedule, batch, canvases, own, steps)
+            hidden = denoised_hidden(
+                self._decoder, layer_types, self._head, self._schedule, batch, canvases, own, steps
+            )
         elif self._graphs is not None and own is None and len(canvases.shared) == 1:
             hidden = self._graphs.decode(canvases)
         if hidden is None:

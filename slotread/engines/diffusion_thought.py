@@ -49,8 +49,8 @@ def diffusion_thought(
         defaults["stability_threshold"] if stability is None else stability,
         defaults["confidence_threshold"] if confidence is None else confidence,
     )
-    width = int(model.config.canvas_length)
-    vocab = int(model.config.text_config.vocab_size)
+    width = int(model.config.canvas_length or 0)
+    vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator(device=device).manual_seed(seed)
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     fed = torch.tensor([prompt], device=device)

@@ -10,7 +10,7 @@ its reply: the reply opens with ``CAUSAL_OPENER``, the model continues it greedi
 after the thought and the fixed answer cue ``ANSWER_CUE``, so the canvas becomes
 opener + thought + cue + the plain canvas. The prompt is the plain read's, so a thinking read shares
 its prefix KV with plain reads of the same state. The cue ends on a new line, where a label starts a
-line as it starts a reply (the same single token; ``tests/prompt/test_thinking.py`` checks it on the
+line as it starts a reply (the same single token; ``tests/prompt/test_thought_format.py`` checks it on the
 real tokenizers).
 
 Masked models have no way to write a thought: ``ThoughtFormat`` refuses them.

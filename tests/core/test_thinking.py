@@ -68,7 +68,9 @@ def test_every_draw_reads_after_the_one_thought(name: str, request: pytest.Fixtu
         answer = response["answers"][qid]
         assert answer["x_thought"] == tokenizer.decode(list(thought), skip_special_tokens=True).strip()
         # every draw of this question reads with the thought in place
-        draws = [r for r in engine.reads if _holds(r, thought) and r.prompt[: len(asked.prompt) - 1] == asked.prompt[:-1]]
+        draws = [
+            r for r in engine.reads if _holds(r, thought) and r.prompt[: len(asked.prompt) - 1] == asked.prompt[:-1]
+        ]
         assert len(draws) == (3 if engine.noisy else 1)
         assert len({(r.prompt, r.canvas) for r in draws}) == 1
     reads = 2 * (3 if engine.noisy else 1)
@@ -101,5 +103,3 @@ def test_a_causal_model_refuses_steps_and_a_masked_one_thinking(smollm2: LoadedM
     with pytest.raises(InvalidRequest) as caught:
         Decider(tiny_bert).decide({**BODY, "think": 16})
     assert [d["loc"] for d in caught.value.detail] == [["body", "think"]]
-
-

@@ -123,7 +123,11 @@ def test_more_steps_move_the_read(model: DiffusionGemmaForBlockDiffusion) -> Non
     and the one-step read is what ``steps=1`` always gave."""
     engine = DiffusionGemmaEngine(model)
     one, four = engine.read(_requests(1)), engine.read(_requests(4))
-    moved = max(float(np.abs(a - b).max()) for x, y in zip(one, four, strict=True) for a, b in zip(x.logits, y.logits))
+    moved = max(
+        float(np.abs(a - b).max())
+        for x, y in zip(one, four, strict=True)
+        for a, b in zip(x.logits, y.logits, strict=True)
+    )
     assert moved > 1e-2
 
 
@@ -139,5 +143,7 @@ def test_a_multi_step_read_does_not_depend_on_the_batch(model: DiffusionGemmaFor
 def test_steps_out_of_range_are_refused(model: DiffusionGemmaForBlockDiffusion) -> None:
     request = _requests(1)[0]
     for steps in (0, 9):
-        with pytest.raises(ValueError, match="steps must be 1..8"):
-            DiffusionGemmaEngine(model).read([ReadRequest(request.prompt, request.canvas, request.slots, 1, steps=steps)])
+        with pytest.raises(ValueError, match=r"steps must be 1\.\.8"):
+            DiffusionGemmaEngine(model).read(
+                [ReadRequest(request.prompt, request.canvas, request.slots, 1, steps=steps)]
+            )

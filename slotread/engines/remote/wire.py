@@ -132,7 +132,9 @@ def completion_bodies(request: ReadRequest, family: Family, model: str, vocab_si
             }
             if request.steps > 1:
                 free = set(positions)
-                pinned = request.pinned if request.pinned is not None else [p for p in range(len(canvas)) if p not in free]
+                pinned = (
+                    request.pinned if request.pinned is not None else [p for p in range(len(canvas)) if p not in free]
+                )
                 body["vllm_xargs"]["diffusion_pinned"] = list(pinned)
         bodies.append(body)
     return bodies
@@ -324,7 +326,9 @@ def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, 
     if canvas is None:
         return CompletionRead(prompt, None, token_ids)
     assert xargs is not None
-    return CompletionRead(prompt, canvas, token_ids, xargs["diffusion_max_steps"], tuple(xargs.get("diffusion_pinned") or ()))
+    return CompletionRead(
+        prompt, canvas, token_ids, xargs["diffusion_max_steps"], tuple(xargs.get("diffusion_pinned") or ())
+    )
 
 
 def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int) -> Ids:
