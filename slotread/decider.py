@@ -25,7 +25,7 @@ from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.engines.thought import Thinker
+from slotread.engines.thought import can_think
 from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, ModelLoadError, UnknownModel
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
@@ -210,7 +210,7 @@ class Decider:
             max_permutations=self.max_permutations,
         )
         modes = read_modes(wire, [])
-        thinks, upstream = isinstance(self.engine, Thinker), isinstance(self.engine, RemoteEngine)
+        thinks, upstream = can_think(self.engine), isinstance(self.engine, RemoteEngine)
         if unable := model_problems(modes, self.name, self.engine.family, thinks, upstream):
             raise InvalidRequest(unable)
         layout = self.readouts.layout_for(decision) if decision.readout else None

@@ -18,7 +18,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from slotread.engines.base import Engine
-from slotread.engines.thought import Thinker, ThoughtRequest
+from slotread.engines.thought import Thinker, ThoughtRequest, can_think
 from slotread.prompt.render import Rendered, Renderer
 from slotread.prompt.thinking import ThoughtFormat
 
@@ -42,8 +42,9 @@ def thought_format(renderer: Renderer) -> ThoughtFormat:
 
 def think(units: Sequence[ThinkingUnit], budget: int, seed: int, engine: Engine, renderer: Renderer) -> None:
     """Give every unit a thought of at most ``budget`` tokens, in one engine call, and its read after it."""
-    if not isinstance(engine, Thinker):
+    if not can_think(engine):
         raise ValueError(f"the {type(engine).__name__} writes no thoughts")
+    assert isinstance(engine, Thinker)
     form = thought_format(renderer)
     prompts = [form.thought_prompt(unit.rendered) for unit in units]
     requests = [ThoughtRequest(prompt, budget, form.stop_ids, _thought_seed(seed, prompt)) for prompt in prompts]

@@ -39,3 +39,9 @@ class Thinker(Protocol):
     """An engine that writes thoughts: the generated ids of each request, in order, without the stop id."""
 
     def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]: ...
+
+
+def can_think(engine: object) -> bool:
+    """Whether ``engine`` writes thoughts: a ``Thinker``, unless it is a wrapper saying its engine does not
+    (``thinks = False``, as the server's batching wrapper says of a masked model's engine)."""
+    return isinstance(engine, Thinker) and bool(getattr(engine, "thinks", True))
