@@ -14,7 +14,8 @@ is no mask token: the model was trained to denoise uniform random token ids. A r
 3. splits each prompt at its shortest available boundary of at least ``shared_min`` tokens: rows
    whose prompts share that boundary read its KV in place, in one attention for all of them, and
    each row attends separately to its own prompt tokens after it and to its canvas
-   (``gemma_forward.decode``, one step, no self-conditioning);
+   (``gemma_forward.decode``, one step, no self-conditioning; a request with ``steps`` > 1 is denoised
+   that many steps, its template pinned, by ``engines/denoise.py``, eagerly and never joint-encoded);
 4. applies ``lm_head`` to the hidden states at the slots only, then the final softcap
    ``cap * tanh(x / cap)`` in float32 (the vocabulary diagnostics), computes each slot's label logits
    exactly from the output embedding's rows of its labels (``scores.OutputHead``: float64 sums, the
