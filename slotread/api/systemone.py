@@ -26,6 +26,8 @@ from slotread.core.decide import DecisionResult
 from slotread.core.questions import (
     AUTO_MAX,
     AUTO_THRESHOLD,
+    MAX_STEPS,
+    MAX_THOUGHT_TOKENS,
     CalibrationMethod,
     ChunkPrompt,
     Condition,
@@ -49,6 +51,9 @@ MAX_EXAMPLES = 64
 MIN_CHUNK_ROWS = 8
 #: A float field that takes JSON numbers, not strings or booleans.
 Number = Annotated[float, Field(strict=True)]
+#: ``think``/``x_think`` and ``steps``/``x_steps`` (``api.read_modes``)
+ThoughtBudget = Annotated[int, Field(strict=True, ge=0, le=MAX_THOUGHT_TOKENS)]
+DenoiseSteps = Annotated[int, Field(strict=True, ge=1, le=MAX_STEPS)]
 
 
 #: Every field a question object may have besides ``x_``-prefixed ones; ``parse_request`` refuses others.
@@ -129,10 +134,10 @@ class ReadOptions(BaseModel):
     x_readout: StrictBool | None = None
     x_examples: StrictInt | None = None
     x_shortlist: StrictInt | None = None
-    # read modes (``api.read_modes``)
-    x_think: StrictInt | None = None
+    # read modes (``api.read_modes``); the ranges are in the schema, so the OpenAPI document shows them
+    x_think: ThoughtBudget | None = None
     x_thought: StrictBool | None = None
-    x_steps: StrictInt | None = None
+    x_steps: DenoiseSteps | None = None
 
 
 class SystemOneRequest(ReadOptions):
@@ -161,8 +166,8 @@ class SystemOneRequest(ReadOptions):
     chunk_rows: StrictInt | None = None
     chunk_prompt: ChunkPrompt | None = None
     #: a thought budget (false: 0), and denoise steps (``api.read_modes``)
-    think: StrictBool | StrictInt | None = None
-    steps: StrictInt | None = None
+    think: StrictBool | ThoughtBudget | None = None
+    steps: DenoiseSteps | None = None
 
     @field_validator("questions")
     @classmethod

@@ -214,13 +214,6 @@ def _units(
     return units
 
 
-def _check_length(units: list[_Unit], limit: int) -> None:
-    """Raise PromptTooLong for a read that its thought made longer than ``limit`` tokens."""
-    for unit in units:
-        if unit.rendered.tokens > limit:
-            raise PromptTooLong(unit.rendered.tokens, limit)
-
-
 def decide(
     decision: Decision,
     engine: Engine,
@@ -245,8 +238,7 @@ def decide(
             continue
         units = _units(asked, decision, answers, renderer, limit)
         if decision.think:
-            think(units, decision.think, decision.seed, engine, renderer)
-            _check_length(units, limit)
+            think(units, decision.think, decision.seed, engine, renderer, limit)
         _read(engine, units, decision.seed, range(draws), decision.readout, decision.steps)
         if decision.samples == "auto" and noisy:
             uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > decision.auto_threshold}

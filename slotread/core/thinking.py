@@ -19,6 +19,7 @@ import numpy as np
 
 from slotread.engines.base import Engine
 from slotread.engines.thought import Thinker, ThoughtRequest, can_think
+from slotread.errors import PromptTooLong
 from slotread.prompt.render import Rendered, Renderer
 from slotread.prompt.thinking import ThoughtFormat
 
@@ -40,12 +41,21 @@ def thought_format(renderer: Renderer) -> ThoughtFormat:
     return _formats[renderer]
 
 
-def think(units: Sequence[ThinkingUnit], budget: int, seed: int, engine: Engine, renderer: Renderer) -> None:
-    """Give every unit a thought of at most ``budget`` tokens, in one engine call, and its read after it."""
+def think(
+    units: Sequence[ThinkingUnit], budget: int, seed: int, engine: Engine, renderer: Renderer, limit: int
+) -> None:
+    """Give every unit a thought of at most ``budget`` tokens, in one engine call, and its read after it.
+
+    Raises PromptTooLong before generating anything if a read could outgrow ``limit`` tokens with a
+    thought of the whole budget (a thought is never cut to fit)."""
     if not can_think(engine):
         raise ValueError(f"the {type(engine).__name__} writes no thoughts")
     assert isinstance(engine, Thinker)
     form = thought_format(renderer)
+    for unit in units:
+        longest = unit.rendered.tokens + len(form.opener) + budget + len(form.closer)
+        if longest > limit:
+            raise PromptTooLong(longest, limit)
     prompts = [form.thought_prompt(unit.rendered) for unit in units]
     requests = [ThoughtRequest(prompt, budget, form.stop_ids, _thought_seed(seed, prompt)) for prompt in prompts]
     for unit, thought in zip(units, engine.think(requests), strict=True):

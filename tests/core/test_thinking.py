@@ -10,7 +10,7 @@ import pytest
 from slotread import Decider
 from slotread.engines.base import ReadRequest, SlotScores
 from slotread.engines.thought import ThoughtRequest
-from slotread.errors import InvalidRequest
+from slotread.errors import InvalidRequest, PromptTooLong
 from slotread.models.load import LoadedModel
 
 BODY: dict[str, Any] = {
@@ -103,3 +103,11 @@ def test_a_causal_model_refuses_steps_and_a_masked_one_thinking(smollm2: LoadedM
     with pytest.raises(InvalidRequest) as caught:
         Decider(tiny_bert).decide({**BODY, "think": 16})
     assert [d["loc"] for d in caught.value.detail] == [["body", "think"]]
+
+
+def test_a_thought_that_could_outgrow_the_prompt_limit_is_refused_before_thinking(smollm2: LoadedModel) -> None:
+    decider, engine = recording(smollm2)
+    decider.max_prompt_tokens = 300
+    with pytest.raises(PromptTooLong):
+        decider.decide({**BODY, "x_think": 4096})
+    assert engine.thoughts == []  # refused before any generation
