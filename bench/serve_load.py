@@ -27,6 +27,9 @@ Workloads (text is random common words; a word is about 1.3 tokens):
   ``images``) and a 10-word caption: the vision tower runs for every decision; ``image-cached``: the
   same questions about one fixed image with a fresh caption: the tower's features are kept, the
   image's tokens are still encoded with each new caption (they sit in the state's segment).
+* ``w1-steps4``, ``w1-think64``: ``w1`` read after 4 denoise steps with the template pinned
+  (``x_steps: 4``), or after a thought of up to 64 tokens per question (``x_think: 64``; DiffusionGemma
+  writes it by block diffusion, one block of the model's canvas, up to its ``max_denoising_steps``).
 
 The share of the bf16 peak counts 2 FLOPs per active parameter per new token (attention left out)
 against ``--peak-tflops`` (788 measured on an H200 here).
@@ -231,8 +234,14 @@ def square_image(rng: random.Random, size: int = 512) -> str:
 FIXED_IMAGE = square_image(random.Random(0))
 
 
+#: ``w1`` read another way (issue 20's read modes)
+READ_MODES: dict[str, dict[str, Any]] = {"w1-steps4": {"x_steps": 4}, "w1-think64": {"x_think": 64}}
+
+
 def make_request(workload: str, rng: random.Random) -> dict[str, Any]:
     """One request of ``workload``, fresh text from ``rng``."""
+    if workload in READ_MODES:
+        return {**make_request("w1", rng), **READ_MODES[workload]}
     seed = rng.randrange(2**31)
     if workload in ("w1", "w1-joint"):
         body = {"instructions": POLICY, "state": paragraph(rng, 75), "questions": W1_QUESTIONS, "x_seed": seed}
@@ -503,6 +512,11 @@ def engine_phase(args: argparse.Namespace) -> list[str]:
             self.calls.append(requests)
             result: list[SlotScores] = self.engine.read(requests)
             return result
+
+        def think(self, requests: list[Any]) -> list[tuple[int, ...]]:
+            # w1-think64: the thoughts are generated while recording; the timed reads follow them
+            thoughts: list[tuple[int, ...]] = self.engine.think(requests)
+            return thoughts
 
     decider = Decider(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     engine = decider.engine

@@ -18,6 +18,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 from slotread.api import systemone
 from slotread.api.bank_file import read_bank
 from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
+from slotread.api.read_modes import model_problems, read_modes
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine, vision_of
 from slotread.engines.causal import CausalEngine
@@ -25,6 +26,7 @@ from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
+from slotread.engines.thought import can_think
 from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, ModelLoadError, UnknownModel
 from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
@@ -224,7 +226,11 @@ class Decider:
         upstreams also UpstreamUnavailable or UpstreamError.
         """
         wire, result = self._answer(request, parts)
-        deterministic = None if isinstance(self.engine, RemoteEngine) else self.engine.deterministic
+        deterministic = None
+        if not isinstance(self.engine, RemoteEngine):
+            # thoughts and multi-step reads sample through the library's own kernels: not batch-invariant
+            modes = read_modes(wire, [])
+            deterministic = self.engine.deterministic and modes.think == 0 and modes.steps == 1
         return systemone.to_response(result, wire, self.name, deterministic)
 
     def answer(self, request: dict[str, Any]) -> DecisionResult:
@@ -249,6 +255,10 @@ class Decider:
             image_limits=self.image_limits,
             parts=parts,
         )
+        modes = read_modes(wire, [])
+        thinks, upstream = can_think(self.engine), isinstance(self.engine, RemoteEngine)
+        if unable := model_problems(modes, self.name, self.engine.family, thinks, upstream):
+            raise InvalidRequest(unable)
         layout = self.readouts.layout_for(decision) if decision.readout else None
         renderer = self.renderer_for(layout) if layout else self.renderer
         result = decide_calibrated(

@@ -4,7 +4,7 @@ Request: an OpenAI chat completion of exactly two messages. The system (or devel
 is the schema JSON: ``{"questions": [{id, type, instructions?, criteria? (noul), options (choice:
 names or {name, description}), levels (score), depends_on?, ask_if?, alone?}], ...}`` with the System
 One request options at its top level (``instructions``, ``samples``, ``seed``, ``ask``,
-``auto_threshold``, ``auto_max``, ``chunk_rows``, ``chunk_prompt``, ``think``, and the ``x_``
+``auto_threshold``, ``auto_max``, ``chunk_rows``, ``chunk_prompt``, ``think``, ``steps``, and the ``x_``
 ones). ``samples`` defaults to ``"auto"`` here, as on that server. The user message's text is the
 state, used verbatim (JSON text stays the text the client sent). The request's own ``seed`` is the
 read seed when the schema gives none; its ``model`` must name the served model.

@@ -25,6 +25,7 @@ class _Diagnostics(BaseModel):
     x_stderr: float | dict[str, float] | None = Field(None, description="standard error over the reads (2+ reads)")
     x_agreement: float | None = Field(None, description="share of reads whose top answer is the final one")
     x_set: list[str] | None = Field(None, description="the conformal prediction set (with x_coverage)")
+    x_thought: str | None = Field(None, description="the thought the model wrote before its reads (with x_thought)")
 
 
 class NoulAnswer(_Diagnostics):

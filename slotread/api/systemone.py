@@ -6,7 +6,7 @@ starting at ``"body"``, as FastAPI reports them. ``to_response`` turns a ``Decis
 response body. Extensions beyond Jev are ``x_``-prefixed; vLLM's ``instructions`` and ``joint``
 request fields are accepted with their meaning, and so are the request options of vLLM's
 structured-decision example server (``samples``, ``seed``, ``ask``, ``auto_threshold``, ``auto_max``,
-``chunk_rows``, ``chunk_prompt``, ``think`` and a question's ``alone``), under its names. Unknown
+``chunk_rows``, ``chunk_prompt``, ``think``, ``steps`` and a question's ``alone``), under its names. Unknown
 top-level fields are ignored, as the contract says; an unknown field inside a question is refused
 (``QUESTION_FIELDS``).
 """
@@ -26,6 +26,7 @@ from slotread.api.images import (
     listed_images,
     placed_assets,
 )
+from slotread.api.read_modes import read_modes
 from slotread.api.responses import Level
 from slotread.api.unknown_fields import unknown_fields
 from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
@@ -34,6 +35,8 @@ from slotread.core.images import Image
 from slotread.core.questions import (
     AUTO_MAX,
     AUTO_THRESHOLD,
+    MAX_STEPS,
+    MAX_THOUGHT_TOKENS,
     CalibrationMethod,
     ChunkPrompt,
     Condition,
@@ -57,6 +60,9 @@ MAX_EXAMPLES = 64
 MIN_CHUNK_ROWS = 8
 #: A float field that takes JSON numbers, not strings or booleans.
 Number = Annotated[float, Field(strict=True)]
+#: ``think``/``x_think`` and ``steps``/``x_steps`` (``api.read_modes``)
+ThoughtBudget = Annotated[int, Field(strict=True, ge=0, le=MAX_THOUGHT_TOKENS)]
+DenoiseSteps = Annotated[int, Field(strict=True, ge=1, le=MAX_STEPS)]
 
 
 #: Every field a question object may have besides ``x_``-prefixed ones; ``parse_request`` refuses others.
@@ -137,6 +143,10 @@ class ReadOptions(BaseModel):
     x_readout: StrictBool | None = None
     x_examples: StrictInt | None = None
     x_shortlist: StrictInt | None = None
+    # read modes (``api.read_modes``); the ranges are in the schema, so the OpenAPI document shows them
+    x_think: ThoughtBudget | None = None
+    x_thought: StrictBool | None = None
+    x_steps: DenoiseSteps | None = None
 
 
 class SystemOneRequest(ReadOptions):
@@ -168,8 +178,9 @@ class SystemOneRequest(ReadOptions):
     auto_max: StrictInt | None = None
     chunk_rows: StrictInt | None = None
     chunk_prompt: ChunkPrompt | None = None
-    #: accepted off (false or 0): slotread reads without a thought
-    think: StrictBool | StrictInt | None = None
+    #: a thought budget (false: 0), and denoise steps (``api.read_modes``)
+    think: StrictBool | ThoughtBudget | None = None
+    steps: DenoiseSteps | None = None
 
     @field_validator("questions")
     @classmethod
@@ -298,6 +309,7 @@ def to_decision(
         problems.append(_problem([field], f"{field} must be 1..{max_samples} or 'auto', got {samples}"))
     problems += _auto_problems(request, samples, max_samples)
     problems += _server_option_problems(request)
+    modes = read_modes(request, problems)
     permutations = 1 if request.x_permutations is None else request.x_permutations
     if not 1 <= permutations <= max_permutations:
         msg = f"x_permutations must be 1..{max_permutations}, got {permutations}"
@@ -344,6 +356,8 @@ def to_decision(
         auto_max=request.auto_max or AUTO_MAX,
         chunk_rows=request.chunk_rows,
         chunk_prompt=request.chunk_prompt or "own",
+        think=modes.think,
+        steps=modes.steps,
     )
 
 
@@ -385,17 +399,11 @@ def _auto_problems(request: SystemOneRequest, samples: Any, max_samples: int) ->
 
 
 def _server_option_problems(request: SystemOneRequest) -> list[ErrorDetail]:
-    """chunk_rows and think, as far as slotread takes them."""
+    """chunk_rows, as far as slotread takes it."""
     problems = []
     if request.chunk_rows is not None and request.chunk_rows < MIN_CHUNK_ROWS:
         msg = f"chunk_rows must be at least {MIN_CHUNK_ROWS} canvas tokens, got {request.chunk_rows}"
         problems.append(_problem(["chunk_rows"], msg))
-    think = request.think
-    if isinstance(think, int) and not isinstance(think, bool) and think < 0:
-        problems.append(_problem(["think"], f"think is a thought budget in tokens, got {think}"))
-    elif think:
-        msg = "thinking before the read is not supported yet: leave think out, or send false or 0"
-        problems.append(_problem(["think"], msg, "not_supported"))
     return problems
 
 
@@ -469,7 +477,7 @@ def _example_problems(request: SystemOneRequest) -> list[ErrorDetail]:
     return problems
 
 
-def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> dict[str, Any]:
+def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion, thought: bool) -> dict[str, Any]:
     question = answer.question
     p = answer.probabilities
     summary = answer.summary
@@ -498,6 +506,8 @@ def _answer(answer: Answer, wire: NoulQuestion | ChoiceQuestion | ScoreQuestion)
     body["x_entropy"] = summary.entropy
     body["x_label_mass"] = answer.label_mass
     body["x_reads"] = summary.reads
+    if thought and answer.thought is not None:
+        body["x_thought"] = answer.thought
     return body
 
 
@@ -512,7 +522,9 @@ def to_response(
     are never null, and its client refuses one. Score legends echo the levels exactly as the request gave them.
     """
     answers = {
-        qid: _answer(answer, request.questions[qid]) for qid, answer in result.answers.items() if answer is not None
+        qid: _answer(answer, request.questions[qid], bool(request.x_thought))
+        for qid, answer in result.answers.items()
+        if answer is not None
     }
     body = {
         "model": model,

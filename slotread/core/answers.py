@@ -56,12 +56,14 @@ class Answer:
 
     ``stderr``/``agreement`` exist only when the question was read more than once.
     ``prediction_set`` holds the option indices of a conformal prediction set, when one was asked for.
+    ``thought`` is the text the model thought before its reads (``core.thinking``), when it thought.
     """
 
     question: Question
     summary: ReadSummary
     reads: tuple[Read, ...]
     prediction_set: tuple[int, ...] | None = None
+    thought: str | None = None
 
     @property
     def probabilities(self) -> np.ndarray:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from slotread.core.assignments import listing_order, shifts, to_option_order
 from slotread.core.images import PlacedImages, place_images
 from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Decision, Question
+from slotread.core.thinking import think
 from slotread.engines.base import Engine, ReadRequest, SlotScores, vision_of
 from slotread.errors import EngineFault, PromptTooLong
 from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
@@ -53,12 +54,14 @@ class DecisionResult:
 class _Unit:
     """One rendered read (a branch or a joint canvas), the questions of its slots with the shift each was
     listed under (None: a joint canvas read more often than this question has assignments; not
-    counted for it), and its draws."""
+    counted for it), and its draws; with ``think``, the thought they follow and its length in tokens."""
 
     rendered: Rendered
     questions: tuple[Question, ...]
     shifts: tuple[int | None, ...]
     scores: list[SlotScores]
+    thought: str | None = None
+    thought_tokens: int = 0
 
 
 def question_shifts(question: Question, permutations: int) -> tuple[int, ...]:
@@ -110,10 +113,11 @@ def _seed(request_seed: int, draw: int, rendered: Rendered) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
-def _read(engine: Engine, units: list[_Unit], seed: int, draws: range, hidden: bool = False) -> None:
-    """Read ``draws`` for every unit in one engine call and append the scores to each unit."""
+def _read(engine: Engine, units: list[_Unit], seed: int, draws: range, hidden: bool = False, steps: int = 1) -> None:
+    """Read ``draws`` for every unit in one engine call (``steps`` denoise steps each) and append the scores
+    to each unit."""
     requests: list[ReadRequest] = [
-        u.rendered.with_seed(_seed(seed, d, u.rendered), hidden) for u in units for d in draws
+        replace(u.rendered.with_seed(_seed(seed, d, u.rendered), hidden), steps=steps) for u in units for d in draws
     ]
     scores = engine.read(requests)
     for index, unit in enumerate(units):
@@ -124,11 +128,13 @@ def _answers(units: list[_Unit]) -> list[Answer]:
     """Every question's reads, from every unit that counts it, in option order; then the answers."""
     reads: dict[str, list[Read]] = {}
     questions: dict[str, Question] = {}
+    thoughts: dict[str, str | None] = {}
     for unit in units:
         for slot, (question, shift) in enumerate(zip(unit.questions, unit.shifts, strict=True)):
             if shift is None:
                 continue
             questions[question.id] = question
+            thoughts.setdefault(question.id, unit.thought)
             reads.setdefault(question.id, []).extend(
                 Read(
                     shift,
@@ -144,7 +150,7 @@ def _answers(units: list[_Unit]) -> list[Answer]:
         if not np.isfinite(logits).all():
             raise EngineFault(f"the engine returned non-finite label logits for question {qid!r} (NaN or infinity)")
         per_read = softmax(logits)
-        answers.append(Answer(questions[qid], aggregate_reads(per_read), tuple(question_reads)))
+        answers.append(Answer(questions[qid], aggregate_reads(per_read), tuple(question_reads), thought=thoughts[qid]))
     return answers
 
 
@@ -240,15 +246,17 @@ def decide(
         if not asked:
             continue
         units = _units(asked, decision, answers, renderer, limit, images)
-        _read(engine, units, decision.seed, range(draws), decision.readout)
+        if decision.think:
+            think(units, decision.think, decision.seed, engine, renderer, limit)
+        _read(engine, units, decision.seed, range(draws), decision.readout, decision.steps)
         if decision.samples == "auto" and noisy:
             uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > decision.auto_threshold}
             again = [u for u in units if any(q.id in uncertain for q in u.questions)]
             if again and decision.auto_max > 1:
-                _read(engine, again, decision.seed, range(1, decision.auto_max), decision.readout)
+                _read(engine, again, decision.seed, range(1, decision.auto_max), decision.readout, decision.steps)
         for unit in units:
-            input_tokens += unit.rendered.tokens
-            output_tokens += len(unit.questions) * len(unit.scores)
+            input_tokens += unit.rendered.tokens - unit.thought_tokens
+            output_tokens += len(unit.questions) * len(unit.scores) + unit.thought_tokens
         for answer in _answers(units):
             answers[answer.question.id] = adjust(answer) if adjust else answer
     return DecisionResult(answers, input_tokens, output_tokens)

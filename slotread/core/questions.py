@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from slotread.core.images import Image
+
+# the limits of Decision.steps and Decision.think, re-exported for the api
+from slotread.engines.denoise import MAX_STEPS as MAX_STEPS
+from slotread.engines.thought import MAX_THOUGHT_TOKENS as MAX_THOUGHT_TOKENS
 from slotread.prompt.render import SolvedExample
 
 Kind = Literal["noul", "choice", "score"]
@@ -92,7 +96,9 @@ class Decision:
     ``auto_max`` draws in all. ``chunk_rows``: a joint canvas holds at most this many tokens before its
     padding (None: one canvas per stage), the questions split in order into the fewest chunks that
     fit; ``chunk_prompt`` says what each chunk's prompt lists. ``images``: decoded images placed in the
-    state text (``core.images``), read by models with a vision tower.
+    state text (``core.images``), read by models with a vision tower. ``think``: a thought budget in tokens the
+    model writes before each read (``core.thinking``; 0: none); ``steps``: denoise steps of a
+    DiffusionGemma read (``engines.denoise``; 1: the one-step read).
     """
 
     state: str
@@ -112,3 +118,5 @@ class Decision:
     chunk_rows: int | None = None
     chunk_prompt: ChunkPrompt = "own"
     images: tuple[Image, ...] = ()
+    think: int = 0
+    steps: int = 1

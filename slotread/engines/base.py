@@ -81,6 +81,9 @@ class ReadRequest:
     server, receiving a vLLM seed canvas) must not have it noised twice. ``hidden=True`` asks for each
     slot's final hidden state too (``SlotScores.hidden``; in-process engines only, a remote engine
     returns none). ``images``: the images whose handles the prompt holds (engines with a ``vision``).
+    ``steps`` > 1 (DiffusionGemma only) denoises the canvas that many decoder steps,
+    the ``pinned`` positions held at their given tokens (None: every position but the slots), and reads
+    the last step (``engines/denoise.py``).
     """
 
     prompt: tuple[tuple[int, ...], ...]
@@ -89,6 +92,8 @@ class ReadRequest:
     seed: int | None = 0
     hidden: bool = False
     images: tuple[ImageInput, ...] = ()
+    steps: int = 1
+    pinned: tuple[int, ...] | None = None
 
     @cached_property
     def prompt_ids(self) -> tuple[int, ...]:

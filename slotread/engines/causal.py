@@ -48,8 +48,10 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.causal_thought import greedy_thoughts
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import OutputHead, score_slots, with_hidden
+from slotread.engines.thought import ThoughtRequest
 from slotread.errors import ModelLoadError, PromptTooLong
 
 logger = logging.getLogger(__name__)
@@ -180,6 +182,17 @@ class CausalEngine:
             self.max_tokens,
             max_batch_rows,
             self.prefix_cache.max_bytes // 2**20,
+        )
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        """Each request's thought, generated greedily in one batch (``causal_thought``)."""
+        if not requests:
+            return []
+        return greedy_thoughts(
+            self._model,
+            [r.prompt_ids for r in requests],
+            [r.max_tokens for r in requests],
+            [r.stop_ids for r in requests],
         )
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:

@@ -113,11 +113,16 @@ class NewTokens:
 
 
 def decode(
-    decoder: DiffusionGemmaDecoderModel, layer_types: Sequence[str], canvases: Canvases, own: OwnPrompt | None
+    decoder: DiffusionGemmaDecoderModel,
+    layer_types: Sequence[str],
+    canvases: Canvases,
+    own: OwnPrompt | None,
+    conditioning: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The decoder's final hidden states (B, C, hidden) for ``canvases``, each row also attending to
-    its ``own`` prompt tokens after its shared part. One step, no self-conditioning (a zero signal,
-    as the library's first step)."""
+    its ``own`` prompt tokens after its shared part. One step; ``conditioning`` (B, C, hidden) is the
+    self-conditioning signal (the soft embeddings of the previous step's logits), None a zero one, as
+    the library's first step."""
 
     def attention(
         index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
@@ -126,7 +131,7 @@ def decode(
         return [_decoder_attention(index, queries[0], keys[0], values[0], canvases, own_kv)]
 
     batch, columns = canvases.tokens.shape
-    hidden, rotary = _decoder_input(decoder, layer_types, canvases)
+    hidden, rotary = _decoder_input(decoder, layer_types, canvases, conditioning)
     hidden = _layers(decoder, layer_types, hidden, [(batch, columns)], rotary, attention, last_feed_forward=True)
     return decoder.norm(hidden).view(batch, columns, -1)
 
@@ -229,11 +234,14 @@ def encode_decode(
 
 
 def _decoder_input(
-    decoder: DiffusionGemmaDecoderModel, layer_types: Sequence[str], canvases: Canvases
+    decoder: DiffusionGemmaDecoderModel,
+    layer_types: Sequence[str],
+    canvases: Canvases,
+    conditioning: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """The canvases' first hidden states (B * C, hidden) and rotary tables."""
+    """The canvases' first hidden states (B * C, hidden) and rotary tables; ``conditioning`` as in ``decode``."""
     embeds = decoder.embed_tokens(canvases.tokens)
-    hidden = decoder.self_conditioning(embeds, torch.zeros_like(embeds))
+    hidden = decoder.self_conditioning(embeds, torch.zeros_like(embeds) if conditioning is None else conditioning)
     return hidden.view(canvases.tokens.numel(), -1), _rotary(decoder, layer_types, hidden, canvases.positions)
 
 

@@ -306,4 +306,4 @@ def expand_answer(answer: Answer, shortlist: Shortlist) -> Answer:
         stderr = full(summary.stderr)
         stderr[[i for i in range(n) if i not in set(options)]] = 0.0
     expanded = ReadSummary(probabilities, stderr, summary.agreement, normalised_entropy(probabilities), summary.reads)
-    return Answer(shortlist.question, expanded, reads)
+    return Answer(shortlist.question, expanded, reads, thought=answer.thought)

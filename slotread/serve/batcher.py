@@ -7,7 +7,8 @@ meanwhile in one batch. Batching across requests changes no answer beyond the en
 (``engines/base.py``): on the CPU the causal engine's answers are bit-identical in any batch.
 
 If a merged batch raises, every request of it is read again alone, so one failing read cannot fail
-its neighbours' decisions.
+its neighbours' decisions. Thoughts (``x_think``) are generated with the engine to themselves, one call
+at a time, between merged reads; they are not merged across decisions.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slotread.engines.base import Engine, Family, ReadRequest, SlotScores
+from slotread.engines.thought import Thinker, ThoughtRequest
 
 
 @dataclass(eq=False)
@@ -42,6 +44,8 @@ class BatchingEngine:
         self.deterministic = engine.deterministic
         #: the engine's image reader, if it reads images (``engines.base.vision_of``)
         self.vision = getattr(engine, "vision", None)
+        #: whether the wrapped engine writes thoughts (``engines.thought.can_think``)
+        self.thinks = isinstance(engine, Thinker)
         self._pending: list[_Job] = []
         self._busy = False
         self._changed = threading.Condition()
@@ -75,6 +79,21 @@ class BatchingEngine:
             raise job.error
         assert job.scores is not None
         return job.scores
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        """The wrapped engine's thoughts for ``requests``, once the engine is free (no read runs meanwhile)."""
+        if not isinstance(self.engine, Thinker):
+            raise ValueError(f"the {type(self.engine).__name__} writes no thoughts")
+        with self._changed:
+            while self._busy:
+                self._changed.wait()
+            self._busy = True
+        try:
+            return self.engine.think(requests)
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()
 
     def _run(self, batch: list[_Job]) -> None:
         merged = [request for job in batch for request in job.requests]

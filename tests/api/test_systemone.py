@@ -455,12 +455,6 @@ def test_alone_and_chunks() -> None:
     ]
 
 
-@pytest.mark.parametrize("think", [True, 1, 256])
-def test_think_is_refused_until_slotread_thinks(think: Any) -> None:
-    detail = problems({"state": "s", "questions": {"q": {"type": "noul"}}, "think": think})
-    assert [d["loc"] for d in detail] == [["body", "think"]] and "not supported yet" in detail[0]["msg"]
-
-
 @pytest.mark.parametrize("think", [False, 0])
 def test_think_off_is_accepted(think: Any) -> None:
     assert decision({"state": "s", "questions": {"q": {"type": "noul"}}, "think": think}).questions

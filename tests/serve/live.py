@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
+from slotread.engines.thought import ThoughtRequest
 from slotread.models.load import LoadedModel
 
 
@@ -81,6 +82,11 @@ class HeldEngine:
         self.entered.set()
         assert self.release.wait(60), "the test never released the engine"
         return self.engine.read(requests)
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        """The wrapped engine's thoughts, not held."""
+        thoughts: list[tuple[int, ...]] = self.engine.think(requests)  # type: ignore[attr-defined]
+        return thoughts
 
 
 def held_decider(loaded: LoadedModel, **limits: Any) -> tuple[Decider, HeldEngine]:

@@ -81,6 +81,18 @@ def test_every_answer_type(smollm2_server: Live) -> None:
     assert response.headers[HEADER].startswith("req_")
 
 
+def test_a_thinking_decision_through_the_server(smollm2_server: Live) -> None:
+    """x_think through the server's batching engine: each answer returns its thought, usage counts it."""
+    with smollm2_server.client() as client:
+        response = client.post("/v1/systemone", json={**REQUEST, "x_think": 6, "x_thought": True})
+    assert response.status_code == 200, response.text
+    body = strict_json(response)
+    check_answers({**body, "usage": {**body["usage"], "output_tokens": 3}})
+    thoughts = [answer["x_thought"] for answer in body["answers"].values()]
+    assert all(isinstance(thought, str) for thought in thoughts)
+    assert 3 < body["usage"]["output_tokens"] <= 3 + 3 * 6
+
+
 @pytest.mark.parametrize("encoding", ["zstd", "gzip"])
 def test_compressed_bodies_give_the_same_answers(smollm2_server: Live, encoding: str) -> None:
     raw = json.dumps({**REQUEST, "padding": "x" * 2000}).encode()

@@ -13,6 +13,7 @@ from slotread.core.decide import question_text
 from slotread.core.questions import Option, Question
 from slotread.decider import Decider
 from slotread.engines.base import ReadRequest, SlotScores
+from slotread.engines.thought import ThoughtRequest
 from slotread.models.load import LoadedModel
 from slotread.serve.batcher import BatchingEngine
 from tests.serve.live import HeldEngine
@@ -94,3 +95,26 @@ def test_a_failing_read_fails_only_its_own_caller(smollm2: LoadedModel) -> None:
         with pytest.raises(ValueError, match="bad"):
             bad.result(30)
     assert engine.batches == [1, 2, 1, 1]  # the merged batch failed, then each was read alone
+
+
+def test_thoughts_wait_for_the_engine_and_reads_wait_for_thoughts(smollm2: LoadedModel) -> None:
+    """A decision's thought runs with the engine to itself: after a read in progress, before reads queued later."""
+    decider = Decider(smollm2)
+    held = HeldEngine(decider.engine)
+    batcher = BatchingEngine(held)
+    assert batcher.thinks
+    prompt = decider.renderer.render_branch(
+        question_text(Question("q", "noul", "Is this urgent?", (Option("yes"), Option("no"))), decider.renderer),
+        STATES[0],
+    ).prompt
+    asked = [ThoughtRequest(prompt, 6, frozenset())]
+    expected = decider.engine.think(asked)
+    with ThreadPoolExecutor(2) as pool:
+        reading = pool.submit(batcher.read, reads(decider)[:1])
+        assert held.entered.wait(30)
+        thinking = pool.submit(batcher.think, asked)
+        time.sleep(0.2)
+        assert not thinking.done()  # the engine is busy reading
+        held.release.set()
+        assert thinking.result(60) == expected
+        reading.result(30)

@@ -196,7 +196,7 @@ VOCAB = 262_144
         ),
         (lambda b: b["vllm_xargs"].update(diffusion_pinned=[999]), "vllm_xargs.diffusion_pinned"),
         (lambda b: b.pop("vllm_xargs"), "vllm_xargs"),
-        (lambda b: b["vllm_xargs"].update(diffusion_max_steps=8), "vllm_xargs.diffusion_max_steps"),
+        (lambda b: b["vllm_xargs"].update(diffusion_max_steps=9), "vllm_xargs.diffusion_max_steps"),
         (lambda b: b["vllm_xargs"].update(diffusion_read_only=False), "vllm_xargs.diffusion_read_only"),
         (lambda b: b.__setitem__("max_tokens", 3), "max_tokens"),
         (lambda b: b.__setitem__("logprobs", 20), "logprobs"),

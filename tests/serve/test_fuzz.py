@@ -23,7 +23,9 @@ from tests.serve.schema_strategies import JSON_VALUES, from_schema
 #: the whole file stays well inside a minute on two cores
 BUDGET_S = 50.0
 FUZZ = settings(
-    max_examples=60,
+    # derandomized: the draws follow the schema, so each new optional field shifts them; 150 examples (about
+    # 25 s here) reach valid bodies as well as refused ones
+    max_examples=150,
     deadline=None,
     database=None,
     derandomize=True,

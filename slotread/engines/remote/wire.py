@@ -17,7 +17,9 @@ Request, one per at most 128 distinct label ids (a read that needs more is split
      "vllm_xargs": {                    diffusion models only
         "diffusion_seed_canvas": [int, ...], "diffusion_canvas_length": int,
         "diffusion_max_steps": 1, "diffusion_read_only": true,
-        "diffusion_pinned": [int, ...]},   optional, only with a seed canvas
+        "diffusion_pinned": [int, ...]},   only with a seed canvas; a read of k > 1 steps
+                                           (diffusion_max_steps: k, up to 8) pins every position
+                                           but its slots
      "x_segment_ends": [int, ...]}      slotread replicas only: where the prompt's segments end inside it
 
 Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1
@@ -63,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from slotread.engines.base import Family, ReadRequest, Slot, SlotScores
+from slotread.engines.denoise import MAX_STEPS
 from slotread.engines.noise import noise_canvas
 from slotread.errors import UnknownModel, WireError
 
@@ -138,9 +141,15 @@ def completion_bodies(
             body["vllm_xargs"] = {
                 "diffusion_seed_canvas": list(canvas),
                 "diffusion_canvas_length": len(canvas),
-                "diffusion_max_steps": 1,
+                "diffusion_max_steps": request.steps,
                 "diffusion_read_only": True,
             }
+            if request.steps > 1:
+                free = set(positions)
+                pinned = (
+                    request.pinned if request.pinned is not None else [p for p in range(len(canvas)) if p not in free]
+                )
+                body["vllm_xargs"]["diffusion_pinned"] = list(pinned)
         bodies.append(body)
     return bodies
 
@@ -248,6 +257,9 @@ class CompletionRead:
     canvas: Ids | None
     #: the distinct ``logprob_token_ids``, in request order
     token_ids: Ids
+    #: a diffusion read's denoise steps (``diffusion_max_steps``) and the positions they hold
+    steps: int = 1
+    pinned: Ids = ()
     #: where the prompt's segments end inside it (``x_segment_ends``), increasing
     segment_ends: Ids = ()
 
@@ -327,7 +339,12 @@ def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, 
             f"tokens ({len(prompt)} in the prompt, {max_tokens} in the completion).",
             "prompt",
         )
-    return CompletionRead(prompt, canvas, token_ids, _segment_ends(body.get("x_segment_ends"), len(prompt)))
+    segment_ends = _segment_ends(body.get("x_segment_ends"), len(prompt))
+    if canvas is None:
+        return CompletionRead(prompt, None, token_ids, segment_ends=segment_ends)
+    assert xargs is not None
+    steps, pinned = xargs["diffusion_max_steps"], tuple(xargs.get("diffusion_pinned") or ())
+    return CompletionRead(prompt, canvas, token_ids, steps, pinned, segment_ends)
 
 
 def _segment_ends(value: Any, length: int) -> Ids:
@@ -349,7 +366,7 @@ def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int)
     if xargs is None:
         raise WireError(
             "vllm_xargs: a diffusion read needs diffusion_seed_canvas, diffusion_canvas_length, "
-            "diffusion_max_steps 1 and diffusion_read_only true",
+            f"diffusion_max_steps (1 to {MAX_STEPS}) and diffusion_read_only true",
             "vllm_xargs",
         )
     seed, pinned = xargs.get("diffusion_seed_canvas"), xargs.get("diffusion_pinned")
@@ -380,9 +397,11 @@ def _seed_canvas(xargs: dict[str, Any] | None, max_tokens: int, vocab_size: int)
             "max_tokens",
         )
     # vLLM passes xargs through pydantic's lax mode, where JSON true arrives as 1: accept both.
-    if type(xargs.get("diffusion_max_steps")) is not int or xargs["diffusion_max_steps"] != 1:
+    steps = xargs.get("diffusion_max_steps")
+    if type(steps) is not int or not 1 <= steps <= MAX_STEPS:
         raise WireError(
-            "vllm_xargs.diffusion_max_steps must be 1: this server only reads (one read-only step)",
+            f"vllm_xargs.diffusion_max_steps must be 1 to {MAX_STEPS}: this server reads after at most "
+            f"{MAX_STEPS} denoise steps",
             "vllm_xargs.diffusion_max_steps",
         )
     if xargs.get("diffusion_read_only") not in (True, 1):
@@ -420,7 +439,7 @@ def read_request(read: CompletionRead) -> ReadRequest:
     if read.canvas is None:
         return ReadRequest(prompt=prompt, canvas=(), slots=(Slot(0, labels),), seed=None)
     slots = tuple(Slot(position, labels) for position in range(len(read.canvas)))
-    return ReadRequest(prompt=prompt, canvas=read.canvas, slots=slots, seed=None)
+    return ReadRequest(prompt=prompt, canvas=read.canvas, slots=slots, seed=None, steps=read.steps, pinned=read.pinned)
 
 
 def completion_response(read: CompletionRead, scores: SlotScores, model: str) -> Body:
