@@ -526,7 +526,7 @@ def to_response(
         for qid, answer in result.answers.items()
         if answer is not None
     }
-    body = {
+    body: dict[str, Any] = {
         "model": model,
         "answers": answers,
         "usage": {"input_tokens": int(result.input_tokens), "output_tokens": int(result.output_tokens)},
