@@ -90,6 +90,42 @@ if triton is not None:
         tl.store(out + row * dim + columns, merged.to(out.dtype.element_ty), mask=inside)
 
     @triton.jit
+    def _block_product(
+        out,
+        rows,
+        matrix,
+        m,
+        end,
+        columns,
+        n_out,
+        n_in,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        """out[m, columns] = rows[m] @ matrix[columns].T for the rows ``m`` below ``end``: float32 sums over
+        the inputs in BLOCK_K steps from the first, the same for every row wherever it sits."""
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, n_in, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                rows + m[:, None].to(tl.int64) * n_in + k[None, :],
+                mask=(m[:, None] < end) & (k[None, :] < n_in),
+                other=0.0,
+            )
+            w = tl.load(
+                matrix + columns[None, :].to(tl.int64) * n_in + k[:, None],
+                mask=(columns[None, :] < n_out) & (k[:, None] < n_in),
+                other=0.0,
+            )
+            total = tl.dot(x, w, total)
+        tl.store(
+            out + m[:, None].to(tl.int64) * n_out + columns[None, :],
+            total.to(out.dtype.element_ty),
+            mask=(m[:, None] < end) & (columns[None, :] < n_out),
+        )
+
+    @triton.jit
     def _grouped_kernel(
         out,
         rows,
@@ -108,25 +144,7 @@ if triton is not None:
         matrix = weight + expert.to(tl.int64) * n_out * n_in
         for first in range(start, end, BLOCK_M):
             m = first + tl.arange(0, BLOCK_M)
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, n_in, BLOCK_K):
-                k = k0 + tl.arange(0, BLOCK_K)
-                x = tl.load(
-                    rows + m[:, None].to(tl.int64) * n_in + k[None, :],
-                    mask=(m[:, None] < end) & (k[None, :] < n_in),
-                    other=0.0,
-                )
-                w = tl.load(
-                    matrix + columns[None, :] * n_in + k[:, None],
-                    mask=(columns[None, :] < n_out) & (k[:, None] < n_in),
-                    other=0.0,
-                )
-                total = tl.dot(x, w, total)
-            tl.store(
-                out + m[:, None].to(tl.int64) * n_out + columns[None, :],
-                total.to(out.dtype.element_ty),
-                mask=(m[:, None] < end) & (columns[None, :] < n_out),
-            )
+            _block_product(out, rows, matrix, m, end, columns, n_out, n_in, BLOCK_M, BLOCK_N, BLOCK_K)
 
     @triton.jit
     def _tiled_grouped_kernel(
@@ -150,25 +168,7 @@ if triton is not None:
             m = tl.load(tile_starts + tile) + tl.arange(0, BLOCK_M)
             columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             matrix = weight + expert.to(tl.int64) * n_out * n_in
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, n_in, BLOCK_K):
-                k = k0 + tl.arange(0, BLOCK_K)
-                x = tl.load(
-                    rows + m[:, None].to(tl.int64) * n_in + k[None, :],
-                    mask=(m[:, None] < end) & (k[None, :] < n_in),
-                    other=0.0,
-                )
-                w = tl.load(
-                    matrix + columns[None, :] * n_in + k[:, None],
-                    mask=(columns[None, :] < n_out) & (k[:, None] < n_in),
-                    other=0.0,
-                )
-                total = tl.dot(x, w, total)
-            tl.store(
-                out + m[:, None].to(tl.int64) * n_out + columns[None, :],
-                total.to(out.dtype.element_ty),
-                mask=(m[:, None] < end) & (columns[None, :] < n_out),
-            )
+            _block_product(out, rows, matrix, m, end, columns, n_out, n_in, BLOCK_M, BLOCK_N, BLOCK_K)
 
     @triton.jit
     def _linear_kernel(
@@ -184,25 +184,7 @@ if triton is not None:
     ):
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, n_in, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(
-                rows + m[:, None].to(tl.int64) * n_in + k[None, :],
-                mask=(m[:, None] < m_rows) & (k[None, :] < n_in),
-                other=0.0,
-            )
-            w = tl.load(
-                weight + columns[None, :].to(tl.int64) * n_in + k[:, None],
-                mask=(columns[None, :] < n_out) & (k[:, None] < n_in),
-                other=0.0,
-            )
-            total = tl.dot(x, w, total)
-        tl.store(
-            out + m[:, None].to(tl.int64) * n_out + columns[None, :],
-            total.to(out.dtype.element_ty),
-            mask=(m[:, None] < m_rows) & (columns[None, :] < n_out),
-        )
+        _block_product(out, rows, weight, m, m_rows, columns, n_out, n_in, BLOCK_M, BLOCK_N, BLOCK_K)
 
     @triton.jit
     def _attention_kernel(
