@@ -28,6 +28,7 @@ class Recording:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.family, self.noisy, self.max_tokens = engine.family, engine.noisy, engine.max_tokens
+        self.deterministic = engine.deterministic
         self.thoughts: list[tuple[ThoughtRequest, tuple[int, ...]]] = []
         self.reads: list[ReadRequest] = []
 
