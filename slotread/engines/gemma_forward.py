@@ -498,17 +498,24 @@ def _experts(layer: Layer, hidden: torch.Tensor, index: torch.Tensor, weights: t
     counts = torch.zeros(experts.gate_up_proj.shape[0], dtype=torch.int32, device=flat.device)
     counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    gate, up = _grouped(hidden[order // k], experts.gate_up_proj, offsets).chunk(2, dim=-1)
-    out = _grouped(fused.gated(gate, up, experts.act_fn), experts.down_proj, offsets)
+    # the batch-invariant GEMMs' tile map, built once for both
+    tiles = kernels.expert_tiles(offsets, flat.shape[0]) if invariant.active(hidden) else None
+    gate, up = _grouped(hidden[order // k], experts.gate_up_proj, offsets, tiles).chunk(2, dim=-1)
+    out = _grouped(fused.gated(gate, up, experts.act_fn), experts.down_proj, offsets, tiles)
     return fused.combine(out, weights.reshape(-1), inverse, k).to(hidden.dtype)
 
 
-def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _grouped(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    offsets: torch.Tensor,
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """rows (S, in) @ weight[e].T for each expert's run of rows; weight (E, out, in). A few rows per
     expert (bfloat16 or half) go through the Triton kernel made for them, more through torch's; in a
-    batch-invariant forward all through ``kernels.tiled_grouped`` (fixed tiles, rows in parallel)."""
+    batch-invariant forward all through ``kernels.tiled_grouped`` (fixed tiles, rows in parallel; ``tiles``: its tile map, shared by a layer's two GEMMs)."""
     if invariant.active(rows):
-        return kernels.tiled_grouped(rows, weight, offsets)
+        return kernels.tiled_grouped(rows, weight, offsets, tiles)
     few = rows.shape[0] <= kernels.GROUPED_MAX_ROWS * weight.shape[0]
     if few and rows.is_cuda and kernels.AVAILABLE and rows.dtype in (torch.bfloat16, torch.float16):
         return kernels.grouped(rows, weight, offsets)

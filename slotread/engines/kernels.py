@@ -434,33 +434,48 @@ def attend(
 TILED_CONFIG = (64, 128, 64, 3, 4)
 
 
-def tiled_grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def expert_tiles(offsets: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tiled_grouped``'s tile map for ``rows`` rows over the experts' cumulative counts ``offsets``: per
+    tile slot its expert (the expert count: unused) and its first row, laid out on the device (no sync: a
+    CUDA graph can hold it) in a grid sized for the worst case, ``rows / BLOCK_M + experts``. The two
+    grouped GEMMs of a layer share one map."""
+    assert triton is not None
+    block_m, experts = TILED_CONFIG[0], offsets.shape[0]
+    offsets = offsets.to(torch.int32)
+    starts = torch.cat([offsets.new_zeros(1), offsets[:-1]])
+    tiles = (offsets - starts + block_m - 1) // block_m  # per expert
+    tile_ends = torch.cumsum(tiles, 0, dtype=torch.int32)
+    tile = torch.arange(triton.cdiv(rows, block_m) + experts, device=offsets.device, dtype=torch.int32)
+    tile_experts = torch.searchsorted(tile_ends, tile, right=True).to(torch.int32)
+    owner = tile_experts.clamp(max=experts - 1).long()
+    tile_starts = (starts[owner] + (tile - (tile_ends[owner] - tiles[owner])) * block_m).to(torch.int32)
+    return tile_experts, tile_starts
+
+
+def tiled_grouped(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    offsets: torch.Tensor,
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``grouped`` with every expert's rows cut into tiles of a fixed size, a program per tile and block
     of output columns: the rows of an expert run in parallel (``grouped`` walks them in one program,
     which many rows per expert make slow), and each row's sums still run in one order whatever the
-    batch (the batch-invariant forward's experts). The tiles are laid out on the device (no sync: a
-    CUDA graph can hold it) in a grid sized for the worst case, ``rows / BLOCK_M + experts``."""
+    batch (the batch-invariant forward's experts). ``tiles``: ``expert_tiles(offsets, len(rows))``,
+    built here when not given."""
     assert triton is not None
     experts, n_out, n_in = weight.shape
     block_m, block_n, block_k, stages, warps = TILED_CONFIG
     out = rows.new_empty((rows.shape[0], n_out))
     if not rows.shape[0]:
         return out
-    offsets = offsets.to(torch.int32)
-    starts = torch.cat([offsets.new_zeros(1), offsets[:-1]])
-    tiles = (offsets - starts + block_m - 1) // block_m  # per expert
-    tile_ends = torch.cumsum(tiles, 0, dtype=torch.int32)
-    slots = triton.cdiv(rows.shape[0], block_m) + experts
-    tile = torch.arange(slots, device=rows.device, dtype=torch.int32)
-    tile_experts = torch.searchsorted(tile_ends, tile, right=True).to(torch.int32)  # ``experts``: unused
-    owner = tile_experts.clamp(max=experts - 1).long()
-    tile_starts = (starts[owner] + (tile - (tile_ends[owner] - tiles[owner])) * block_m).to(torch.int32)
-    grid = (slots, triton.cdiv(n_out, block_n))
+    tile_experts, tile_starts = tiles if tiles is not None else expert_tiles(offsets, rows.shape[0])
+    grid = (tile_experts.shape[0], triton.cdiv(n_out, block_n))
     _tiled_grouped_kernel[grid](
         out,
         rows.contiguous(),
         weight.contiguous(),
-        offsets,
+        offsets.to(torch.int32),
         tile_experts,
         tile_starts,
         experts,
