@@ -513,7 +513,8 @@ def _grouped(
 ) -> torch.Tensor:
     """rows (S, in) @ weight[e].T for each expert's run of rows; weight (E, out, in). A few rows per
     expert (bfloat16 or half) go through the Triton kernel made for them, more through torch's; in a
-    batch-invariant forward all through ``kernels.tiled_grouped`` (fixed tiles, rows in parallel; ``tiles``: its tile map, shared by a layer's two GEMMs)."""
+    batch-invariant forward all through ``kernels.tiled_grouped`` (fixed tiles, rows in parallel;
+    ``tiles``: its tile map, shared by a layer's two GEMMs)."""
     if invariant.active(rows):
         return kernels.tiled_grouped(rows, weight, offsets, tiles)
     few = rows.shape[0] <= kernels.GROUPED_MAX_ROWS * weight.shape[0]
