@@ -500,6 +500,7 @@ def _eval(args: argparse.Namespace) -> int:
                 example_bank=bank,
                 encoder=args.encoder,
                 progress=not args.no_progress,
+                concurrency=args.concurrency,
             )
     except KeyboardInterrupt:
         print(f"\nslotread eval: interrupted; run the same command again to resume {args.out}", file=sys.stderr)
@@ -651,6 +652,14 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     evaluate.add_argument(
         "--out", type=Path, help="run folder: run.json, predictions.csv, metrics.json, reliability.png"
+    )
+    evaluate.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="N",
+        help="decisions in flight at once, their reads merged into shared engine calls as the server merges "
+        "them: faster on a GPU (default: 1)",
     )
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bar")
     evaluate.set_defaults(run=_eval)

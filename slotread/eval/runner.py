@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +28,7 @@ from slotread.errors import EvalError
 from slotread.eval.datasets import Dataset, Item, Task
 from slotread.eval.predictions import Prediction, PredictionsFile
 from slotread.eval.report import PREDICTIONS, RUN_INFO, write_report
+from slotread.serve.batcher import BatchingEngine
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
@@ -147,11 +149,19 @@ def _claim(out: Path, info: dict[str, Any]) -> None:
 
 
 def run(
-    dataset: Dataset, out: Path, info: dict[str, Any], make_predictor: Callable[[], Predictor], *, progress: bool = True
+    dataset: Dataset,
+    out: Path,
+    info: dict[str, Any],
+    make_predictor: Callable[[], Predictor],
+    *,
+    progress: bool = True,
+    concurrency: int = 1,
 ) -> dict[str, Any]:
     """Predict every item of ``dataset`` that ``out`` has no row for, then write the report.
 
     ``make_predictor`` is called only when some item is left (a finished run loads no model).
+    ``concurrency`` > 1 predicts that many items at once, from as many threads (the predictor must be
+    thread-safe); rows are written in item order, each with its own latency.
     Returns the metrics as written to metrics.json.
     """
     _claim(out, info)
@@ -163,17 +173,26 @@ def run(
         logger.info("%s: %d of %d items done", out, len(dataset.items) - len(pending), len(dataset.items))
         if pending:
             predict = make_predictor()
-            bar = tqdm(
-                pending, initial=len(dataset.items) - len(pending), total=len(dataset.items), disable=not progress
-            )
-            correct = 0
-            for count, item in enumerate(bar, start=1):
+            bar = tqdm(initial=len(dataset.items) - len(pending), total=len(dataset.items), disable=not progress)
+
+            def timed(item: Item) -> tuple[Prediction, float]:
                 start = time.perf_counter()
                 prediction = predict(item)
-                latency_ms = (time.perf_counter() - start) * 1000
-                predictions.append(item.id, item.gold, prediction, latency_ms)
-                correct += int(prediction.probabilities.argmax()) == item.gold
-                bar.set_postfix(accuracy=f"{correct / count:.3f}")
+                return prediction, (time.perf_counter() - start) * 1000
+
+            correct = 0
+            pool = ThreadPoolExecutor(concurrency) if concurrency > 1 else None
+            try:
+                answered = pool.map(timed, pending) if pool else map(timed, pending)
+                for count, (item, (prediction, latency_ms)) in enumerate(zip(pending, answered, strict=True), start=1):
+                    predictions.append(item.id, item.gold, prediction, latency_ms)
+                    correct += int(prediction.probabilities.argmax()) == item.gold
+                    bar.update()
+                    bar.set_postfix(accuracy=f"{correct / count:.3f}")
+            finally:  # an interrupt or error drops the items not started; the rows written so far stay
+                if pool:
+                    pool.shutdown(cancel_futures=True)
+                bar.close()
     return write_report(out)
 
 
@@ -193,6 +212,7 @@ def evaluate_model(
     example_bank: ExampleBank | None = None,
     encoder: str | None = None,
     progress: bool = True,
+    concurrency: int = 1,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
 
@@ -207,8 +227,13 @@ def evaluate_model(
     ``x_examples``, ``x_shortlist``; described in run.json) must serve the dataset's question and hold
     none of its items (EvalError, before the model loads); a Decider passed in serves its own banks.
     ``encoder`` (recorded likewise) is the sentence encoder the loaded Decider serves shortlists from
-    meaning with (``x_shortlist`` where no bank serves the question).
+    meaning with (``x_shortlist`` where no bank serves the question). ``concurrency`` decisions run at
+    once, their reads and thoughts merged into shared engine calls as the server merges them
+    (``serve.batcher``): faster on a GPU, where in bfloat16 an answer may then move within the
+    engine's tolerance, as a served one does (a Decider passed in keeps the batching wrapper).
     """
+    if concurrency < 1:
+        raise EvalError(f"concurrency must be at least 1, not {concurrency}")
     fields = {"x_seed": seed, **(request_fields or {})}
     if {"state", "questions"} & fields.keys():
         raise EvalError("request fields may not replace the request's state or questions")
@@ -230,14 +255,18 @@ def evaluate_model(
         raise EvalError("the Decider given does not serve the example bank given; build it with example_banks")
 
     def load() -> Predictor:
-        if not isinstance(model, str):
-            return DeciderPredictor(model, dataset.task, fields, question)
+        decider = loaded(model) if isinstance(model, str) else model
+        if concurrency > 1 and not isinstance(decider.engine, BatchingEngine):
+            decider.engine = BatchingEngine(decider.engine)
+        return DeciderPredictor(decider, dataset.task, fields, question)
+
+    def loaded(name: str) -> Decider:
         import torch
 
         from slotread.decider import Decider
 
         decider = Decider(
-            model,
+            name,
             cache_dir=cache_dir,
             device=device,
             dtype=getattr(torch, dtype),
@@ -246,7 +275,7 @@ def evaluate_model(
             example_banks=[example_bank] if example_bank is not None else [],
             encoder=encoder,
         )
-        return DeciderPredictor(decider, dataset.task, fields, question)
+        return decider
 
     info = run_info(dataset, system, fields)
     if calibration_dir is not None:
@@ -261,4 +290,4 @@ def evaluate_model(
         from slotread.eval.banks import bank_info
 
         info["example_bank"] = bank_info(example_bank)
-    return run(dataset, out, info, load, progress=progress)
+    return run(dataset, out, info, load, progress=progress, concurrency=concurrency)

@@ -6,9 +6,13 @@ caches are not thread-safe), and a thread that finds the engine free reads every
 meanwhile in one batch. Batching across requests changes no answer beyond the engine's tolerance
 (``engines/base.py``): on the CPU the causal engine's answers are bit-identical in any batch.
 
-If a merged batch raises, every request of it is read again alone, so one failing read cannot fail
-its neighbours' decisions. Thoughts (``x_think``) are generated with the engine to themselves, one call
-at a time, between merged reads; they are not merged across decisions.
+Thoughts (``x_think``) queue the same way: the thoughts of every decision queued meanwhile are
+generated in one ``Engine.think`` call (a causal model steps all of them together; merging changes
+float rounding only), beside the merged reads. A deterministic engine's thoughts are generated one
+decision at a time, so a thought never depends on its neighbours.
+
+If a merged batch raises, each caller's part of it runs again alone, so one failing request cannot
+fail its neighbours' decisions.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from slotread.engines.base import Engine, Family, ReadRequest, SlotScores
 from slotread.engines.thought import Thinker, ThoughtRequest
@@ -23,16 +28,17 @@ from slotread.engines.thought import Thinker, ThoughtRequest
 
 @dataclass(eq=False)
 class _Job:
-    """One caller's reads and, once read, their scores or the exception."""
+    """One caller's reads or thoughts and, once run, their results or the exception."""
 
-    requests: list[ReadRequest]
-    scores: list[SlotScores] | None = None
+    thinks: bool
+    requests: list[Any]
+    results: list[Any] | None = None
     error: BaseException | None = None
     finished: bool = field(default=False)
 
 
 class BatchingEngine:
-    """An ``Engine`` that serialises and merges concurrent ``read`` calls to ``engine``."""
+    """An ``Engine`` that serialises and merges concurrent ``read`` and ``think`` calls to ``engine``."""
 
     def __init__(self, engine: Engine, observe: Callable[[int], None] | None = None) -> None:
         self.engine = engine
@@ -52,55 +58,61 @@ class BatchingEngine:
 
     @property
     def pending(self) -> int:
-        """Reads waiting for the engine to be free."""
+        """Reads and thoughts waiting for the engine to be free."""
         with self._changed:
             return sum(len(job.requests) for job in self._pending)
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
         """Read ``requests``, possibly in one engine call with other threads' reads."""
-        job = _Job(list(requests))
+        scores: list[SlotScores] = self._submit(_Job(False, list(requests)))
+        return scores
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        """The wrapped engine's thoughts for ``requests``, possibly in one call with other threads' thoughts."""
+        if not isinstance(self.engine, Thinker):
+            raise ValueError(f"the {type(self.engine).__name__} writes no thoughts")
+        thoughts: list[tuple[int, ...]] = self._submit(_Job(True, list(requests)))
+        return thoughts
+
+    def _submit(self, job: _Job) -> list[Any]:
         batch: list[_Job] = []
         with self._changed:
             self._pending.append(job)
             while self._busy and not job.finished:
                 self._changed.wait()
             if not job.finished:
-                # The engine is free and this job is still queued: read everything queued, this job included.
+                # The engine is free and this job is still queued: run everything queued, this job included.
                 batch, self._pending = self._pending, []
                 self._busy = True
         if batch:
             try:
-                self._run(batch)
+                reads = [job for job in batch if not job.thinks]
+                if reads:
+                    self._run(reads)
+                thoughts = [job for job in batch if job.thinks]
+                for group in [[job] for job in thoughts] if self.deterministic else [thoughts]:
+                    if group:
+                        self._run(group)
             finally:
                 with self._changed:
                     self._busy = False
                     self._changed.notify_all()
         if job.error is not None:
             raise job.error
-        assert job.scores is not None
-        return job.scores
-
-    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
-        """The wrapped engine's thoughts for ``requests``, once the engine is free (no read runs meanwhile)."""
-        if not isinstance(self.engine, Thinker):
-            raise ValueError(f"the {type(self.engine).__name__} writes no thoughts")
-        with self._changed:
-            while self._busy:
-                self._changed.wait()
-            self._busy = True
-        try:
-            return self.engine.think(requests)
-        finally:
-            with self._changed:
-                self._busy = False
-                self._changed.notify_all()
+        assert job.results is not None
+        return job.results
 
     def _run(self, batch: list[_Job]) -> None:
+        """Run ``batch`` (all reads or all thoughts) in one engine call; if it raises, each job alone."""
         merged = [request for job in batch for request in job.requests]
-        if self._observe is not None:
-            self._observe(len(merged))
         try:
-            scores = self.engine.read(merged)
+            if batch[0].thinks:
+                assert isinstance(self.engine, Thinker)
+                results: list[Any] = self.engine.think(merged)
+            else:
+                if self._observe is not None:
+                    self._observe(len(merged))
+                results = self.engine.read(merged)
         except Exception as exc:
             if len(batch) == 1:
                 batch[0].error, batch[0].finished = exc, True
@@ -110,6 +122,6 @@ class BatchingEngine:
             return
         start = 0
         for job in batch:
-            job.scores = scores[start : start + len(job.requests)]
+            job.results = results[start : start + len(job.requests)]
             job.finished = True
             start += len(job.requests)

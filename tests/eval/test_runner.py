@@ -24,6 +24,7 @@ from slotread.eval.runner import (
     shuffle_options,
 )
 from slotread.models.load import LoadedModel
+from slotread.serve.batcher import BatchingEngine
 
 TASK = Task(
     "choice",
@@ -265,3 +266,29 @@ def test_a_run_with_x_coverage_records_each_set_and_reports_coverage(smollm2: Lo
     covered = [item.gold in members for members, item in zip(sets, dataset.items, strict=True)]
     assert metrics["coverage"] == pytest.approx(np.mean(covered))
     assert metrics["mean_set_size"] == pytest.approx(np.mean([len(m) for m in sets]))
+
+
+def test_a_concurrent_run_writes_the_same_rows_in_item_order(tmp_path: Path) -> None:
+    info = run_info(DATASET, "scripted", {"x_seed": 0})
+    alone = run(DATASET, tmp_path / "alone", info, Scripted, progress=False)
+    together = run(DATASET, tmp_path / "together", info, Scripted, progress=False, concurrency=4)
+    timing = {"latency_p50_ms", "latency_p95_ms"}
+    assert {k: v for k, v in together.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
+    rows = list(csv.DictReader((tmp_path / "together" / "predictions.csv").read_text().splitlines()))
+    assert [row["id"] for row in rows] == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_concurrent_decisions_answer_as_one_at_a_time(smollm2: LoadedModel, urgent: Dataset, tmp_path: Path) -> None:
+    """Four decisions in flight share engine calls through the batcher; on the CPU the answers are the same."""
+    alone = evaluate_model(urgent, tmp_path / "alone", Decider(smollm2), progress=False)
+    concurrent = Decider(smollm2)
+    together = evaluate_model(urgent, tmp_path / "together", concurrent, progress=False, concurrency=4)
+    assert isinstance(concurrent.engine, BatchingEngine)
+    assert together["accuracy"] == alone["accuracy"]
+    first, second = (
+        list(csv.DictReader((tmp_path / name / "predictions.csv").read_text().splitlines()))
+        for name in ("alone", "together")
+    )
+    assert [row["p:yes"] for row in first] == [row["p:yes"] for row in second]
+    with pytest.raises(EvalError, match="at least 1"):
+        evaluate_model(urgent, tmp_path / "none", concurrent, concurrency=0)

@@ -12,7 +12,7 @@ import pytest
 from slotread.core.decide import question_text
 from slotread.core.questions import Option, Question
 from slotread.decider import Decider
-from slotread.engines.base import ReadRequest, SlotScores
+from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.engines.thought import ThoughtRequest
 from slotread.models.load import LoadedModel
 from slotread.serve.batcher import BatchingEngine
@@ -118,3 +118,44 @@ def test_thoughts_wait_for_the_engine_and_reads_wait_for_thoughts(smollm2: Loade
         held.release.set()
         assert thinking.result(60) == expected
         reading.result(30)
+
+
+class CountedThoughts(HeldEngine):
+    """A held engine that records how many thoughts each ``think`` call generated."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.thought_batches: list[int] = []
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        self.thought_batches.append(len(requests))
+        return super().think(requests)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_thoughts_queued_while_the_engine_is_busy_are_generated_in_one_call(
+    smollm2: LoadedModel, deterministic: bool
+) -> None:
+    """Concurrent decisions' thoughts merge into one think call (one per decision when deterministic), and
+    each caller gets what the engine writes for that merged call."""
+    decider = Decider(smollm2)
+    counted = CountedThoughts(decider.engine)
+    counted.deterministic = deterministic
+    batcher = BatchingEngine(counted)
+    asked = [
+        [ThoughtRequest(request.prompt, 5, frozenset())] for request in reads(decider)[:3]
+    ]  # three decisions, one thought each
+    expected = decider.engine.think([call[0] for call in asked])
+    with ThreadPoolExecutor(4) as pool:
+        reading = pool.submit(batcher.read, reads(decider)[3:4])
+        assert counted.entered.wait(30)
+        thinking = [pool.submit(batcher.think, call) for call in asked]
+        wait_until(lambda: batcher.pending == 3)
+        counted.release.set()
+        got = [future.result(60)[0] for future in thinking]
+        reading.result(30)
+    assert counted.thought_batches == ([1, 1, 1] if deterministic else [3])
+    if not deterministic:
+        assert got == expected
+    else:
+        assert got == [decider.engine.think(call)[0] for call in asked]
