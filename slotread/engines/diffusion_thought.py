@@ -13,12 +13,15 @@ randomness drawn from a generator of its own (tests compare the two under the sa
 
 It runs the library's own forwards over full-vocabulary logits at every canvas position, which
 sampling needs; a thought of N tokens costs up to ``ceil(N / canvas_length) * max_denoising_steps``
-decoder steps.
+decoder steps. Thoughts are generated together, left-padded (as the library batches ``generate``),
+each row with its own positions, generator and stopping, so a row draws exactly what it would alone;
+a row that has stopped denoising is frozen, as the library freezes it. Batching changes float
+rounding only (on a GPU in bfloat16 a near-tie may then draw another token).
 """
 
 from __future__ import annotations
 
-import math
+from typing import cast
 
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
@@ -28,17 +31,26 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 )
 
 from slotread.engines.denoise import Schedule, sampled
+from slotread.engines.thought import ThoughtRequest
+
+#: Rows per batch: a step holds a few (rows, canvas, vocabulary) float32 logits, 268 MB per row and
+#: copy at the 26B shape's 256-token canvas and 262,144 ids.
+MAX_ROWS = 16
 
 
-def diffusion_thought(
-    model: DiffusionGemmaForBlockDiffusion,
-    schedule: Schedule,
-    prompt: tuple[int, ...],
-    max_tokens: int,
-    stop_ids: frozenset[int],
-    seed: int,
-) -> tuple[int, ...]:
-    """The thought the model writes after ``prompt``: at most ``max_tokens`` ids, ending before a stop id."""
+def diffusion_thoughts(
+    model: DiffusionGemmaForBlockDiffusion, schedule: Schedule, requests: list[ThoughtRequest]
+) -> list[tuple[int, ...]]:
+    """Each request's thought: at most its ``max_tokens`` ids, ending before one of its stop ids."""
+    thoughts: list[tuple[int, ...]] = []
+    for first in range(0, len(requests), MAX_ROWS):
+        thoughts += _batch(model, schedule, requests[first : first + MAX_ROWS])
+    return thoughts
+
+
+def _batch(
+    model: DiffusionGemmaForBlockDiffusion, schedule: Schedule, requests: list[ThoughtRequest]
+) -> list[tuple[int, ...]]:
     device = model.device
     config = model.generation_config
     defaults = DiffusionGemmaGenerationConfig._get_default_generation_params()
@@ -51,42 +63,60 @@ def diffusion_thought(
     )
     width = int(model.config.canvas_length or 0)
     vocab = int(model.config.get_text_config().vocab_size)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    prompts = [r.prompt_ids for r in requests]
+    widest = max(map(len, prompts))
+    fed = torch.tensor([[0] * (widest - len(p)) + list(p) for p in prompts], device=device)
+    seen = torch.tensor([[False] * (widest - len(p)) + [True] * len(p) for p in prompts], device=device)
+    padded = not bool(seen.all())
+    positions = (seen.cumsum(-1, dtype=torch.int32) - 1).clamp(min=0)
+    ends = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=device)[:, None]
+    generators = [torch.Generator(device=device).manual_seed(r.seed) for r in requests]
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-    fed = torch.tensor([prompt], device=device)
-    start = 0
-    thought: list[int] = []
+    thoughts: list[list[int]] = [[] for _ in requests]
+    writing = [r.max_tokens > 0 for r in requests]
     with torch.inference_mode():
-        for _ in range(math.ceil(max_tokens / width)):
-            positions = torch.arange(start, start + fed.shape[1], dtype=torch.int32, device=device)[None, :]
-            cache = model.model.encoder(input_ids=fed, past_key_values=cache, position_ids=positions).past_key_values
-            start += fed.shape[1]
-            block = _denoised_block(model, schedule, cache, start, width, vocab, steps, stopping, generator)
-            for token in block.tolist():
-                if token in stop_ids or len(thought) == max_tokens:
-                    return tuple(thought)
-                thought.append(token)
-            fed = block[None, :]
-    return tuple(thought)
+        while any(writing):
+            cache = model.model.encoder(
+                input_ids=fed, attention_mask=seen if padded else None, past_key_values=cache, position_ids=positions
+            ).past_key_values
+            canvas_seen = torch.nn.functional.pad(seen, (0, width), value=True) if padded else None
+            block = _denoised_block(
+                model, schedule, cache, ends, canvas_seen, width, vocab, steps, stopping, generators
+            )
+            for row, tokens in enumerate(block.tolist()):
+                for token in tokens if writing[row] else ():
+                    if token in requests[row].stop_ids or len(thoughts[row]) == requests[row].max_tokens:
+                        writing[row] = False
+                        break
+                    thoughts[row].append(token)
+                writing[row] = writing[row] and len(thoughts[row]) < requests[row].max_tokens
+            fed = block
+            positions = ends + torch.arange(width, dtype=torch.int32, device=device)
+            ends = ends + width
+            seen = torch.nn.functional.pad(seen, (0, width), value=True)
+    return [tuple(t) for t in thoughts]
 
 
 def _denoised_block(
     model: DiffusionGemmaForBlockDiffusion,
     schedule: Schedule,
     cache: DynamicCache,
-    start: int,
+    ends: torch.Tensor,
+    seen: torch.Tensor | None,
     width: int,
     vocab: int,
     steps: int,
     stopping: StableAndConfidentStoppingCriteria,
-    generator: torch.Generator,
+    generators: list[torch.Generator],
 ) -> torch.Tensor:
-    """One block's argmax canvas (W,) after denoising from uniform noise (the module docstring's step 2)."""
+    """Each row's argmax canvas (B, W) after denoising from uniform noise (the module docstring's step 2);
+    ``ends`` (B, 1) is where each row's canvas starts, ``seen`` the rows' padding mask over cache and canvas."""
     device = model.device
-    positions = torch.arange(start, start + width, dtype=torch.int32, device=device)[None, :]
-    canvas = torch.randint(0, vocab, (1, width), generator=generator, device=device)
-    argmax = canvas[0]
-    conditioning = None
+    positions = ends + torch.arange(width, dtype=torch.int32, device=device)
+    canvas = torch.cat([torch.randint(0, vocab, (1, width), generator=g, device=device) for g in generators])
+    argmax = canvas
+    conditioning: torch.Tensor | None = None
+    finished = [False] * len(generators)
     stopping.reset()
     embeddings = model.model.decoder.embed_tokens.weight.dtype
     for cur_step in range(steps, 0, -1):
@@ -95,11 +125,21 @@ def _denoised_block(
             past_key_values=cache,
             self_conditioning_logits=conditioning,
             decoder_position_ids=positions,
-        ).logits[0]
+            decoder_attention_mask=seen,
+        ).logits
         processed = logits / schedule.temperature(torch.tensor(cur_step, dtype=torch.int32, device=device), steps)
-        argmax = processed.argmax(dim=-1)
-        canvas = sampled(processed, schedule.entropy_bound, generator)[None, :]
-        conditioning = processed[None].to(embeddings)
-        if bool(stopping(argmax[None], processed[None])[0]):
+        live = [row for row, done in enumerate(finished) if not done]
+        # a finished row keeps its canvas, argmax and conditioning, and draws nothing more from its generator
+        argmax, canvas = argmax.clone(), canvas.clone()
+        argmax[live] = processed[live].argmax(dim=-1)
+        for row in live:
+            canvas[row] = sampled(processed[row], schedule.entropy_bound, generators[row])
+        if conditioning is not None:
+            done = torch.tensor(finished, device=device)
+            processed[done] = conditioning[done].to(processed.dtype)
+        conditioning = processed.to(embeddings)
+        for row, stop in enumerate(stopping(cast(torch.LongTensor, argmax), processed).tolist()):
+            finished[row] = finished[row] or stop
+        if all(finished):
             break
     return argmax

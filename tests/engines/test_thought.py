@@ -90,3 +90,26 @@ def test_diffusion_thought_is_the_library_generation(diffusion: DiffusionGemmaFo
         assert list(other) != library[:40]  # the seed draws the noise
     finally:
         diffusion.generation_config.max_denoising_steps = kept
+
+
+def test_diffusion_thoughts_together_are_each_alone(diffusion: DiffusionGemmaForBlockDiffusion) -> None:
+    """Rows of different prompt lengths, budgets, stops and seeds generated in one call (left-padded) write
+    what each writes alone: each row keeps its positions, its generator and its own stopping."""
+    kept = getattr(diffusion.generation_config, "max_denoising_steps", None)
+    diffusion.generation_config.max_denoising_steps = 6
+    try:
+        engine = DiffusionGemmaEngine(diffusion)
+        alone_first = engine.think([ThoughtRequest((_prompt(GEMMA4_VOCAB_SIZE, 19),), 64, frozenset(), seed=5)])[0]
+        requests = [
+            ThoughtRequest((_prompt(GEMMA4_VOCAB_SIZE, 19),), 64, frozenset(), seed=5),
+            ThoughtRequest((_prompt(GEMMA4_VOCAB_SIZE, 7, seed=4),), 40, frozenset(), seed=1),
+            ThoughtRequest((_prompt(GEMMA4_VOCAB_SIZE, 30, seed=9),), 64, frozenset({alone_first[10]}), seed=2),
+            ThoughtRequest((_prompt(GEMMA4_VOCAB_SIZE, 12, seed=8),), 0, frozenset(), seed=3),
+        ]
+        alone = [engine.think([request])[0] for request in requests]
+        together = engine.think(requests)
+        assert together == alone
+        assert [len(t) for t in alone[:2]] == [64, 40] and alone[3] == ()
+        assert len({t[:8] for t in alone[:3]}) == 3  # the rows wrote different thoughts
+    finally:
+        diffusion.generation_config.max_denoising_steps = kept
