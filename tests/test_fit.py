@@ -13,15 +13,15 @@ from slotread.core.decide import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task
-from slotread.fit import fit_readout, holdout_split
 from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import schema_hash
-from slotread.quality.dense import bank_embedding_classifier
-from slotread.quality.examples import ExampleBank
-from slotread.quality.fusion import WEIGHT_MAX
-from slotread.quality.lexical import bank_classifier, floored
-from slotread.quality.readout import Readout
+from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.dense import bank_embedding_classifier
+from slotread.quality.examples.lexical import bank_classifier, floored
+from slotread.quality.readouts.fusion import WEIGHT_MAX
+from slotread.quality.readouts.readout import Readout
+from slotread.quality.readouts.train import fit_readout, holdout_split
 
 QUESTION: dict[str, Any] = {
     "type": "choice",

@@ -30,7 +30,7 @@ from slotread.eval.report import PREDICTIONS, RUN_INFO, write_report
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
-    from slotread.quality.examples import ExampleBank
+    from slotread.quality.examples.bank import ExampleBank
 
 logger = logging.getLogger(__name__)
 
