@@ -116,6 +116,18 @@ def test_overlap_with_the_evaluation_data_is_refused_before_reading(smollm2: Loa
         fit_readout(Decider(smollm2), DATA, exclude=test)
 
 
+def test_bad_fit_options_and_too_few_items_are_invalid_requests(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    for options, loc in (({"holdout": 1.0}, "holdout"), ({"vote": -1}, "vote"), ({"holdout": 0.0}, "holdout")):
+        with pytest.raises(InvalidRequest) as caught:
+            fit_readout(decider, DATA, progress=False, **options)  # type: ignore[arg-type]
+        assert [problem["loc"] for problem in caught.value.detail] == [[loc]]
+    # one item cannot be cross-fitted: a clear request error (exit 2 from the command), not a traceback
+    few = Dataset("few.csv", None, TASK, DATA.items[:1])
+    with pytest.raises(InvalidRequest, match="too few to cross-fit"):
+        fit_readout(decider, few, per_class=None, progress=False, features="logits")
+
+
 def test_the_command_fits_and_decide_answers_with_it(
     smollm2: LoadedModel, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
