@@ -27,7 +27,12 @@ import numpy as np
 
 from slotread.eval.metrics import accuracy, expected_calibration_error
 from slotread.eval.predictions import read_predictions
-from slotread.quality.calibration import apply_top_label_bins, fit_temperature, fit_top_label_bins, temperature_scale
+from slotread.quality.calibration.methods import (
+    apply_top_label_bins,
+    fit_temperature,
+    fit_top_label_bins,
+    temperature_scale,
+)
 
 
 def cross_fit(probabilities: np.ndarray, gold: np.ndarray, folds: int, seed: int) -> dict[str, np.ndarray]:

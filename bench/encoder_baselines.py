@@ -35,10 +35,10 @@ from slotread.eval.banks import bank_from_dataset, without_evaluated
 from slotread.eval.datasets import Dataset, load_dataset, per_class_sample
 from slotread.eval.metrics import expected_calibration_error
 from slotread.models.encoder import load_encoder
-from slotread.quality.dense import fit_embedding_classifier
-from slotread.quality.examples import vote_distribution
-from slotread.quality.lexical import fit_text_classifier, floored
-from slotread.quality.meaning import SIMILARITY_TEMPERATURE, Embed, option_text
+from slotread.quality.examples.bank import vote_distribution
+from slotread.quality.examples.dense import fit_embedding_classifier
+from slotread.quality.examples.lexical import fit_text_classifier, floored
+from slotread.quality.examples.meaning import SIMILARITY_TEMPERATURE, Embed, option_text
 
 OUT_OF_SCOPE = "out of scope"
 SHOTS: tuple[int | None, ...] = (5, 10, None)

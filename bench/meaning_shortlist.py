@@ -29,7 +29,7 @@ from slotread.eval.datasets import load_dataset
 from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.report import load_run
 from slotread.models.encoder import load_encoder
-from slotread.quality.meaning import nearest_options, similarity_distribution
+from slotread.quality.examples.meaning import nearest_options, similarity_distribution
 
 
 def scores(p: np.ndarray, gold: np.ndarray) -> str:

@@ -27,9 +27,9 @@ from slotread.decider import Decider
 from slotread.eval.banks import bank_from_dataset
 from slotread.eval.datasets import load_dataset, subset
 from slotread.eval.runner import QUESTION_ID, build_request
-from slotread.fit import fit_readout
 from slotread.models.load import LoadedModel, load_model
 from slotread.prompt.render import Layout
+from slotread.quality.readouts.train import fit_readout
 
 
 def median_ms(seconds: list[float]) -> float:

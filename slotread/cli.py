@@ -19,7 +19,7 @@ from slotread.models.registry import DEFAULT_MODEL
 from slotread.models.shapes import RANDOM_PREFIX, SHAPES
 
 if TYPE_CHECKING:
-    from slotread.quality.examples import ExampleBank
+    from slotread.quality.examples.bank import ExampleBank
 
 
 def _read_request(source: str) -> Any:
@@ -60,9 +60,10 @@ def _decide(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import torch
 
-    from slotread.calibrate import calibrate, drop_overlap, refuse_overlap
     from slotread.decider import Decider
     from slotread.eval.datasets import balance, class_counts, load_dataset, subset
+    from slotread.eval.training import drop_overlap, refuse_overlap
+    from slotread.quality.calibration.train import calibrate
 
     data = load_dataset(args.dataset, args.split, data_dir=args.data_dir, question=args.question)
     exclude = None
@@ -94,11 +95,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     import torch
 
-    from slotread.calibrate import refuse_overlap
     from slotread.decider import Decider
     from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, subset
-    from slotread.eval.training import few_labels
-    from slotread.fit import TRUSTED_ITEMS, fit_readout
+    from slotread.eval.training import few_labels, refuse_overlap
+    from slotread.quality.readouts.train import TRUSTED_ITEMS, fit_readout
 
     if not 0 < args.holdout < 1 or args.vote < 0:
         print("slotread fit: --holdout must be between 0 and 1 and --vote must not be negative", file=sys.stderr)
@@ -421,7 +421,7 @@ def _eval(args: argparse.Namespace) -> int:
     from slotread.eval.datasets import Dataset, load_dataset, subset
     from slotread.eval.report import format_table
     from slotread.eval.training import training_data
-    from slotread.quality.readout import banked_in
+    from slotread.quality.readouts.readout import banked_in
 
     if args.dataset is None or args.out is None:
         print("slotread eval: --dataset and --out are required", file=sys.stderr)

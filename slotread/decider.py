@@ -35,9 +35,9 @@ from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.answering import decide_calibrated
-from slotread.quality.examples import ExampleBank, ExampleBanks
-from slotread.quality.readout import ReadoutStore
-from slotread.quality.store import CalibrationStore
+from slotread.quality.calibration.store import CalibrationStore
+from slotread.quality.examples.bank import ExampleBank, ExampleBanks
+from slotread.quality.readouts.store import ReadoutStore
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Decider:
     ``image_limits`` bound the images of a request; only a model with a vision tower read in process
     (DiffusionGemma) takes them (``takes_images``), any other refuses them with a 422 naming it.
     ``encoder`` (a registry encoder's name, fetched and loaded here, or a loaded one) serves ``x_shortlist``
-    for questions no bank serves: shortlists from meaning (``quality.meaning``), no labels needed.
+    for questions no bank serves: shortlists from meaning (``quality.examples.meaning``), no labels needed.
     """
 
     def __init__(

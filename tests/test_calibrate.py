@@ -7,16 +7,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slotread.calibrate import calibrate, drop_overlap, refuse_overlap
 from slotread.cli import main
 from slotread.core.aggregate import softmax
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task, normalised
 from slotread.eval.metrics import expected_calibration_error
+from slotread.eval.training import drop_overlap, refuse_overlap
 from slotread.models.load import LoadedModel
-from slotread.quality.artifact import Calibration
-from slotread.quality.calibration import T_MAX, T_MIN, apply_top_label_bins, mean_nll
+from slotread.quality.calibration.artifact import Calibration
+from slotread.quality.calibration.methods import T_MAX, T_MIN, apply_top_label_bins, mean_nll
+from slotread.quality.calibration.train import calibrate
 
 QUESTION: dict[str, Any] = {
     "type": "choice",

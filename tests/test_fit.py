@@ -13,15 +13,15 @@ from slotread.core.decide import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task
-from slotread.fit import fit_readout, holdout_split
 from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
 from slotread.quality.artifact import schema_hash
-from slotread.quality.dense import bank_embedding_classifier
-from slotread.quality.examples import ExampleBank
-from slotread.quality.fusion import WEIGHT_MAX
-from slotread.quality.lexical import bank_classifier, floored
-from slotread.quality.readout import Readout
+from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.dense import bank_embedding_classifier
+from slotread.quality.examples.lexical import bank_classifier, floored
+from slotread.quality.readouts.fusion import WEIGHT_MAX
+from slotread.quality.readouts.readout import Readout
+from slotread.quality.readouts.train import fit_readout, holdout_split
 
 QUESTION: dict[str, Any] = {
     "type": "choice",
@@ -114,6 +114,18 @@ def test_overlap_with_the_evaluation_data_is_refused_before_reading(smollm2: Loa
     test = Dataset("banking77", "test", TASK, (Item("0", "  i LOST my card ", 1),))
     with pytest.raises(InvalidRequest, match="also appear in banking77 test"):
         fit_readout(Decider(smollm2), DATA, exclude=test)
+
+
+def test_bad_fit_options_and_too_few_items_are_invalid_requests(smollm2: LoadedModel) -> None:
+    decider = Decider(smollm2)
+    for options, loc in (({"holdout": 1.0}, "holdout"), ({"vote": -1}, "vote"), ({"holdout": 0.0}, "holdout")):
+        with pytest.raises(InvalidRequest) as caught:
+            fit_readout(decider, DATA, progress=False, **options)  # type: ignore[arg-type]
+        assert [problem["loc"] for problem in caught.value.detail] == [[loc]]
+    # one item cannot be cross-fitted: a clear request error (exit 2 from the command), not a traceback
+    few = Dataset("few.csv", None, TASK, DATA.items[:1])
+    with pytest.raises(InvalidRequest, match="too few to cross-fit"):
+        fit_readout(decider, few, per_class=None, progress=False, features="logits")
 
 
 def test_the_command_fits_and_decide_answers_with_it(

@@ -42,6 +42,7 @@ from slotread.core.questions import (
     Condition,
     Decision,
     Option,
+    QualityOptions,
     Question,
 )
 from slotread.errors import ErrorDetail, InvalidRequest
@@ -347,11 +348,13 @@ def to_decision(
         samples=samples,
         joint=joint,
         permutations=permutations,
-        calibration=request.x_calibration or "none",
-        coverage=coverage,
+        quality=QualityOptions(
+            calibration=request.x_calibration or "none",
+            coverage=coverage,
+            examples=request.x_examples or 0,
+            shortlist=request.x_shortlist or 0,
+        ),
         readout=bool(request.x_readout),
-        examples=request.x_examples or 0,
-        shortlist=request.x_shortlist or 0,
         auto_threshold=AUTO_THRESHOLD if request.auto_threshold is None else request.auto_threshold,
         auto_max=request.auto_max or AUTO_MAX,
         chunk_rows=request.chunk_rows,

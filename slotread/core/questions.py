@@ -81,23 +81,37 @@ class Question:
 
 
 @dataclass(frozen=True)
+class QualityOptions:
+    """A request's options that only ``slotread.quality`` applies; ``core`` carries them and never reads them.
+
+    ``calibration`` and ``coverage`` (the target coverage of conformal prediction sets; None: no sets):
+    ``quality.calibration``. ``examples`` (how many solved examples from an example bank each question's
+    prompt shows) and ``shortlist`` (read at most this many options, those the nearest examples point
+    to; 0: all): ``quality.examples``.
+    """
+
+    calibration: CalibrationMethod = "none"
+    coverage: float | None = None
+    examples: int = 0
+    shortlist: int = 0
+
+
+@dataclass(frozen=True)
 class Decision:
     """A whole request: the state text, the questions in caller order, and how to read them.
 
     ``permutations``: how many option→label assignments each question is read under (at most its
-    number of options; scores always one, see ``core.decide``). ``calibration`` and ``coverage``
-    (the target coverage of conformal prediction sets) are applied by ``slotread.quality``;
-    ``core.decide`` only carries them. So are ``examples`` (how many solved examples from an example
-    bank each question's prompt shows) and ``shortlist`` (read at most this many options, those the
-    nearest examples point to; 0: all), which ``slotread.quality.examples`` applies. ``readout``: answer
-    with the schema's learned readout (``slotread.quality.readout``); ``core.decide`` then asks the
-    engine for the slots' hidden states. ``auto_threshold`` and ``auto_max``: with ``samples="auto"``, a
-    question whose first read's normalised entropy is above the threshold is read again, up to
-    ``auto_max`` draws in all. ``chunk_rows``: a joint canvas holds at most this many tokens before its
-    padding (None: one canvas per stage), the questions split in order into the fewest chunks that
-    fit; ``chunk_prompt`` says what each chunk's prompt lists. ``images``: decoded images placed in the
-    state text (``core.images``), read by models with a vision tower. ``think``: a thought budget in tokens the
-    model writes before each read (``core.thinking``; 0: none); ``steps``: denoise steps of a
+    number of options; scores always one, see ``core.decide``). ``quality``: what ``slotread.quality``
+    does around the reads, which ``core.decide`` never reads (``QualityOptions``). ``readout``: answer
+    with the schema's learned readout (``slotread.quality.readouts``); it stays here because
+    ``core.decide`` then asks the engine for the slots' hidden states. ``auto_threshold`` and
+    ``auto_max``: with ``samples="auto"``, a question whose first read's normalised entropy is above
+    the threshold is read again, up to ``auto_max`` draws in all. ``chunk_rows``: a joint canvas holds
+    at most this many tokens before its padding (None: one canvas per stage), the questions split in
+    order into the fewest chunks that fit; ``chunk_prompt`` says what each chunk's prompt lists.
+    ``images``: decoded images placed in the state text (``core.images``), read by models with a
+    vision tower. ``think``: a thought budget in tokens the model writes before each read
+    (``core.thinking``; 0: none); ``steps``: denoise steps of a
     DiffusionGemma read (``engines.denoise``; 1: the one-step read).
     """
 
@@ -108,11 +122,8 @@ class Decision:
     samples: Samples = 1
     joint: bool = False
     permutations: int = 1
-    calibration: CalibrationMethod = "none"
-    coverage: float | None = None
+    quality: QualityOptions = QualityOptions()
     readout: bool = False
-    examples: int = 0
-    shortlist: int = 0
     auto_threshold: float = AUTO_THRESHOLD
     auto_max: int = AUTO_MAX
     chunk_rows: int | None = None

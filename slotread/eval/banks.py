@@ -4,7 +4,7 @@ evaluated items, and described in run.json.
 A bank that holds an evaluated item's text would show the model (or the neighbour vote) the answer
 it is judged on. A bank built from a train split leaves such texts out (and says so); a bank file
 that holds one is refused before anything is read. Texts are compared with whitespace collapsed and
-case folded (as ``slotread calibrate --exclude`` compares them).
+case folded (``training.refuse_overlap``, as ``slotread calibrate --exclude`` compares them).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import replace
 from typing import Any
 
 from slotread.api.bank_file import bank_question
 from slotread.errors import EvalError
-from slotread.eval.datasets import Dataset, normalised
+from slotread.eval.datasets import Dataset
 from slotread.eval.runner import option_names
+from slotread.eval.training import drop_overlap, refuse_overlap
 from slotread.quality.artifact import schema_hash
-from slotread.quality.examples import ExampleBank
+from slotread.quality.examples.bank import ExampleBank
 
 logger = logging.getLogger(__name__)
 
@@ -41,35 +41,22 @@ def bank_from_dataset(train: Dataset, evaluated: Dataset) -> ExampleBank:
 
 def without_evaluated(train: Dataset, evaluated: Dataset) -> tuple[Dataset, int]:
     """``train`` without the items whose text an ``evaluated`` item also holds, and how many those were (logged)."""
-    held = {normalised(item.state) for item in evaluated.items}
-    kept = tuple(item for item in train.items if normalised(item.state) not in held)
-    dropped = len(train.items) - len(kept)
+    kept, dropped = drop_overlap(train, evaluated)
     if dropped:
         logger.warning("%s: %d texts that %s also holds left out", train.title, dropped, evaluated.title)
-    return replace(train, items=kept), dropped
+    return kept, dropped
 
 
 def check_bank(bank: ExampleBank, dataset: Dataset) -> None:
-    """Raise EvalError unless ``bank`` serves the dataset's question and shares no text with its items."""
+    """Raise EvalError unless ``bank`` serves the dataset's question, InvalidRequest if it shares a text
+    with its items (``training.refuse_overlap``)."""
     schema = schema_hash(bank_question(dataset.task.question, dataset.title), None)
     if bank.schema != schema:
         raise EvalError(
             f"the bank {bank.source} serves another question than {dataset.title} asks "
             f"(schema {bank.schema[:16]}, not {schema[:16]}): its header must hold the same question object"
         )
-    refuse_overlap(bank, dataset)
-
-
-def refuse_overlap(bank: ExampleBank, dataset: Dataset) -> None:
-    """Raise EvalError if any evaluated item's text is also a bank example's text."""
-    held = {normalised(example.state) for example in bank.examples}
-    overlap = [item for item in dataset.items if normalised(item.state) in held]
-    if overlap:
-        raise EvalError(
-            f"{len(overlap)} of {len(dataset.items)} evaluated items of {dataset.title} are also examples "
-            f"of the bank {bank.source} (texts compared with whitespace collapsed and case folded), e.g. "
-            f"{overlap[0].state!r}; use a bank that the evaluation does not use"
-        )
+    refuse_overlap(bank, dataset, "--example-bank")
 
 
 def bank_info(bank: ExampleBank) -> dict[str, Any]:

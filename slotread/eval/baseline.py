@@ -1,7 +1,7 @@
 """Reference points with no language model, trained on the dataset's train split.
 
 ``tfidf``: TF-IDF features and logistic regression. ``knn``: the smoothed label vote of the K
-BM25-nearest examples of an example bank (``quality.examples.vote_distribution``: one vote per
+BM25-nearest examples of an example bank (``quality.examples.bank.vote_distribution``: one vote per
 neighbour, a pseudo count of one vote spread over the options), the vote a model read with
 ``x_examples``/``x_shortlist`` must beat to show that reading the model adds anything (issue 6).
 Each answers the same items and writes the same run folder as a model run, so it sits in the same
@@ -18,14 +18,14 @@ from slotread.eval.banks import bank_info, check_bank, without_evaluated
 from slotread.eval.datasets import Dataset, Item
 from slotread.eval.predictions import Prediction
 from slotread.eval.runner import Predictor, run, run_info
-from slotread.quality.examples import ExampleBank
-from slotread.quality.lexical import fit_text_classifier
+from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.lexical import fit_text_classifier
 
 SYSTEM = "tfidf-logreg"
 
 
 def tfidf_predictor(train: Dataset) -> Predictor:
-    """Fit TF-IDF + logistic regression (``quality.lexical.fit_text_classifier``) on ``train``.
+    """Fit TF-IDF + logistic regression (``quality.examples.lexical.fit_text_classifier``) on ``train``.
 
     Classes absent from the train split get probability 0.
     """

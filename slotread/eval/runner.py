@@ -32,7 +32,7 @@ from slotread.serve.batcher import BatchingEngine
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
-    from slotread.quality.examples import ExampleBank
+    from slotread.quality.examples.bank import ExampleBank
 
 logger = logging.getLogger(__name__)
 

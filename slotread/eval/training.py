@@ -8,6 +8,11 @@ built from the rest of a ``--limit`` sample shows the model its own test file. T
 also hold are left out by each user (``banks.bank_from_dataset``, ``baseline.evaluate_baseline``).
 ``per_class`` keeps at most K items of each class (seeded, before the drop), so a
 few-label evaluation sees nothing outside those K per class.
+
+The one overlap check lives here too: training data (``slotread calibrate`` and ``slotread fit``'s
+``--dataset``, an ``eval --example-bank`` file) that shares a text with the evaluated items is
+refused (``refuse_overlap``) or has those items dropped (``drop_overlap``), texts compared
+``normalised`` (whitespace collapsed, case folded).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from slotread.errors import EvalError
-from slotread.eval.datasets import BUILTIN, Dataset, fitting_split, load_dataset, per_class_sample
+from slotread.errors import EvalError, InvalidRequest
+from slotread.eval.datasets import BUILTIN, Dataset, fitting_split, load_dataset, normalised, per_class_sample
+from slotread.quality.examples.bank import ExampleBank
 
 
 def training_data(
@@ -64,3 +70,28 @@ def few_labels(data: Dataset, per_class: int, seed: int) -> Dataset:
     return replace(
         per_class_sample(data, per_class, seed), split=f"{data.split or 'file'}, {per_class} per class (seed {seed})"
     )
+
+
+def refuse_overlap(data: Dataset | ExampleBank, evaluated: Dataset, flag: str = "--dataset") -> None:
+    """Raise InvalidRequest if a text of ``data`` (training items, or a bank's examples) is also an item of
+    ``evaluated``; the message names ``flag``, the command-line option that supplied ``data``."""
+    if isinstance(data, ExampleBank):
+        title, texts = data.source, [example.state for example in data.examples]
+    else:
+        title, texts = data.title, [item.state for item in data.items]
+    held_out = {normalised(item.state) for item in evaluated.items}
+    overlap = [text for text in texts if normalised(text) in held_out]
+    if overlap:
+        msg = (
+            f"{len(overlap)} of {len(texts)} items of {title} also appear in {evaluated.title} "
+            f"(texts compared with whitespace collapsed and case folded), e.g. {overlap[0]!r}; "
+            f"{flag} must name data that the evaluation does not use"
+        )
+        raise InvalidRequest.at(["data"], msg, "overlap")
+
+
+def drop_overlap(data: Dataset, evaluated: Dataset) -> tuple[Dataset, int]:
+    """``data`` without the items whose text an ``evaluated`` item also holds, and how many those were."""
+    held_out = {normalised(item.state) for item in evaluated.items}
+    kept = tuple(item for item in data.items if normalised(item.state) not in held_out)
+    return replace(data, items=kept), len(data.items) - len(kept)

@@ -1,4 +1,8 @@
-"""Answer a decision with the calibration and prediction sets it asks for.
+"""Answer a decision with what ``quality`` adds: examples, shortlists, calibration, sets or readouts.
+
+``decide_calibrated`` is the one path a request takes through ``quality`` (the Decider calls it):
+``examples.shortlist.retrieve``, then either the readouts or the calibration checks and content-free
+reads below, then ``core.decide`` with the hook that adjusts each answer.
 
 Before reading: refuse (422) what the store cannot serve (a temperature or bins never fitted for a
 question, conformal scores missing or fitted under other read options). For ``contextual`` and
@@ -8,12 +12,12 @@ its place), without earlier answers, under the same assignments, as isolated bra
 shift is the mean of their softmaxes. Then ``core.decide`` reads the decision and hands each raw
 answer to ``calibrate_answer`` before later stages see it.
 
-With ``x_examples`` or ``x_shortlist`` (``quality.examples``) each question is first given its solved
+With ``x_examples`` or ``x_shortlist`` (``quality.examples.shortlist``) each question is first given its solved
 examples and shortlisted options; a shortlisted answer is expanded to every option after calibration.
 Their content-free reads show the same examples and options, so they are read for each request and
 not kept in the store (they depend on the state through the retrieved examples). A decision
-with ``readout`` is answered by its schemas' learned readouts instead (``quality.readout``; refused
-before reading if one is missing).
+with ``readout`` is answered by its schemas' learned readouts instead (``quality.readouts``;
+refused before reading if one is missing).
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ from slotread.core.questions import Decision, Question
 from slotread.engines.base import Engine
 from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.prompt.render import Renderer
-from slotread.quality.artifact import Calibration, schema_hash
-from slotread.quality.calibration import apply_top_label_bins, calibrate_reads, divide_prior
-from slotread.quality.conformal import conformal_threshold, prediction_set
-from slotread.quality.examples import ExampleBanks, expand_answer, retrieve
-from slotread.quality.meaning import Embed
-from slotread.quality.readout import ReadoutStore
-from slotread.quality.store import CalibrationStore
+from slotread.quality.artifact import schema_hash
+from slotread.quality.calibration.artifact import Calibration
+from slotread.quality.calibration.conformal import conformal_threshold, prediction_set
+from slotread.quality.calibration.methods import apply_top_label_bins, calibrate_reads, divide_prior
+from slotread.quality.calibration.store import CalibrationStore
+from slotread.quality.examples.bank import ExampleBanks
+from slotread.quality.examples.meaning import Embed
+from slotread.quality.examples.shortlist import expand_answer, retrieve
+from slotread.quality.readouts.store import ReadoutStore
 
 #: What stands in for the state in a content-free read (Zhao et al. 2021 use "N/A", "" and "[MASK]";
 #: "[empty]" replaces the mask token, which is not plain text to a chat model).
@@ -56,8 +62,8 @@ def decide_calibrated(
     readouts: ReadoutStore | None = None,
     embed: Embed | None = None,
 ) -> DecisionResult:
-    """``core.decide`` with ``decision.examples``/``shortlist`` from ``banks`` (a shortlist of a question
-    no bank serves from meaning, with a sentence encoder's ``embed``) and ``decision.calibration``
+    """``core.decide`` with ``decision.quality.examples``/``shortlist`` from ``banks`` (a shortlist of a question
+    no bank serves from meaning, with a sentence encoder's ``embed``) and ``decision.quality.calibration``
     applied; usage includes any content-free reads. With ``decision.readout`` every answer comes from its
     schema's learned readout in ``readouts`` instead (the API allows no calibration, coverage, examples
     or shortlist beside it).
@@ -72,15 +78,15 @@ def decide_calibrated(
         return _decide_readout(decision, engine, renderer, readouts, banks, schemas, max_tokens)
     _check(decision, store, schemas)
     spent = (0, 0)
-    retrieved = bool(decision.examples or decision.shortlist)
+    retrieved = bool(decision.quality.examples or decision.quality.shortlist)
     per_request: Mapping[str, Mapping[int, np.ndarray]] = {}
-    if decision.calibration == "contextual" and retrieved:
+    if decision.quality.calibration == "contextual" and retrieved:
         questions = {q.id: replace(q, depends_on=(), ask_if=()) for q in decision.questions}
         per_request, read_in, read_out = _content_free_reads(questions, decision, engine, renderer, max_tokens)
         spent = (read_in, read_out)
-    elif decision.calibration in ("contextual", "binned"):
+    elif decision.quality.calibration in ("contextual", "binned"):
         spent = _read_content_free(decision, engine, renderer, store, schemas, max_tokens)
-    if decision.calibration == "none" and decision.coverage is None and not shortlists:
+    if decision.quality.calibration == "none" and decision.quality.coverage is None and not shortlists:
         result = decide(decision, engine, renderer, max_tokens)
     else:
         # what each schema is calibrated with, taken once: the store may forget or add meanwhile
@@ -88,7 +94,7 @@ def decide_calibrated(
 
         def adjust(answer: Answer) -> Answer:
             qid = answer.question.id
-            if decision.calibration != "none" or decision.coverage is not None:
+            if decision.quality.calibration != "none" or decision.quality.coverage is not None:
                 fitted, content_free = fits[schemas[qid]]
                 content_free = per_request.get(qid, content_free)
                 answer = calibrate_answer(answer, decision, schemas[qid], store, fitted, content_free)
@@ -146,17 +152,17 @@ def calibrate_answer(
     fitted: Calibration | None,
     content_free: Mapping[int, np.ndarray],
 ) -> Answer:
-    """The answer with each read calibrated by ``decision.calibration``, then averaged again (for
+    """The answer with each read calibrated by ``decision.quality.calibration``, then averaged again (for
     ``binned``: contextually, then the mean's top probability binned; the reads' stderr and agreement
     stay those of the contextual reads), and for a choice or score its prediction set at
-    ``decision.coverage`` when one is asked for.
+    ``decision.quality.coverage`` when one is asked for.
 
     ``fitted`` and ``content_free`` are the schema's artifact and content-free distributions; ``store``
     keeps the batch priors.
     """
     logits = np.stack([read.logits for read in answer.reads])  # (R, n)
     shifts = [read.shift for read in answer.reads]
-    method = decision.calibration
+    method = decision.quality.calibration
     if method == "batch":
         priors = store.batch.priors_then_update([(schema, s) for s in shifts], softmax(logits))
         per_read = divide_prior(logits, priors)
@@ -170,9 +176,9 @@ def calibrate_answer(
         binned = apply_top_label_bins(summary.probabilities, fitted.bins)
         summary = replace(summary, probabilities=binned, entropy=normalised_entropy(binned))
     found = None
-    if decision.coverage is not None and answer.question.kind != "noul":
+    if decision.quality.coverage is not None and answer.question.kind != "noul":
         assert fitted is not None  # _check refused the decision otherwise
-        threshold = conformal_threshold(fitted.conformal[method], decision.coverage)
+        threshold = conformal_threshold(fitted.conformal[method], decision.quality.coverage)
         found = prediction_set(summary.probabilities, threshold)
     return replace(answer, summary=summary, prediction_set=found)
 
@@ -182,20 +188,20 @@ def _check(decision: Decision, store: CalibrationStore, schemas: dict[str, str])
     for question in decision.questions:
         schema = schemas[question.id]
         fitted = store.artifact(schema)
-        if decision.calibration == "temperature" and (fitted is None or fitted.temperature is None):
+        if decision.quality.calibration == "temperature" and (fitted is None or fitted.temperature is None):
             msg = (
                 f"no temperature is fitted for question {question.id!r} on {store.model} (schema {schema[:16]}); "
                 "fit one with `slotread calibrate` and serve it with --calibration, or ask for 'contextual' or 'batch'"
             )
             problems.append({"loc": ["body", "x_calibration"], "msg": msg, "type": "value_error"})
-        if decision.calibration == "binned" and (fitted is None or fitted.bins is None):
+        if decision.quality.calibration == "binned" and (fitted is None or fitted.bins is None):
             msg = (
                 f"no top-label bins are fitted for question {question.id!r} on {store.model} (schema {schema[:16]}); "
                 "fit them with `slotread calibrate` and serve them with --calibration, or ask for 'contextual'"
             )
             problems.append({"loc": ["body", "x_calibration"], "msg": msg, "type": "value_error"})
         unset = _conformal_problem(question, decision, fitted, store.model, schema)
-        if decision.coverage is not None and question.kind != "noul" and unset:
+        if decision.quality.coverage is not None and question.kind != "noul" and unset:
             problems.append({"loc": ["body", "x_coverage"], "msg": unset, "type": "value_error"})
     if problems:
         raise InvalidRequest(problems)
@@ -206,9 +212,9 @@ def _conformal_problem(
 ) -> str | None:
     """Why no prediction set can be given for ``question``, or None if one can."""
     where = f"question {question.id!r} on {model} (schema {schema[:16]})"
-    if fitted is None or decision.calibration not in fitted.conformal:
+    if fitted is None or decision.quality.calibration not in fitted.conformal:
         return (
-            f"no conformal scores for x_calibration {decision.calibration!r} are fitted for {where}; "
+            f"no conformal scores for x_calibration {decision.quality.calibration!r} are fitted for {where}; "
             "fit them with `slotread calibrate` and serve them with --calibration"
         )
     fitted_shifts = question_shifts(question, fitted.permutations)
@@ -267,7 +273,6 @@ def _content_free_reads(
             seed=0,
             samples=CONTENT_FREE_DRAWS,
             joint=False,
-            calibration="none",
         )
         result = decide(blank, engine, renderer, max_tokens)
         input_tokens += result.input_tokens

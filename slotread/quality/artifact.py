@@ -1,47 +1,29 @@
-"""The calibration artifact: what was fitted for one question schema on one model, as a small JSON file.
+"""What every fitted artifact shares: its header, its file name and how it is written and read.
 
-    {
-      "format": "slotread-calibration/1",
-      "model": "qwen2.5-coder-1.5b-instruct",
-      "schema": "<sha256 hex of the question's render-relevant fields, see schema_hash>",
-      "question": {"type": "choice", "options": ["activate_my_card", ...]},
-      "methods": {
-        "temperature": {"temperature": 1.83},
-        "contextual": {"states": ["N/A", "", "[empty]"], "content_free": {"<shift>": [p_cf in option order]}},
-        "binned": {"edges": [upper edges, ascending], "values": [bin values, non-decreasing], "counts": [items per bin]}
-      },
-      "conformal": {"<method>": [1 − p(gold) per calibration item]},
-      "fitted_on": {"request": {"x_permutations": 1, ...}, "items": 154, "ids": [...], "ids_sha256": "...", ...}
-    }
+Both artifact formats (``slotread-calibration/1``, ``quality.calibration.artifact``; and
+``slotread-readout/1``, ``quality.readouts.readout``) are JSON objects that start with one header
 
-Every part but ``model``, ``schema`` and ``question`` is optional: the server writes artifacts that
-hold only content-free distributions; ``slotread calibrate`` writes all of it. ``fitted_on.request``
-holds the read options the temperature, bins and conformal scores were fitted under;
-``fitted_on.class_counts`` the items of each class, and ``fitted_on.balanced`` whether they were drawn
-class-balanced (``slotread calibrate --balance``). Older artifacts lack both.
+    {"format": "<name>/1", "model": "<model name>", "schema": "<schema_hash>",
+     "question": {"type": "choice", "options": ["...", ...]}, ..., "fitted_on": {...}}
+
+naming the model and the question schema the artifact was fitted for. ``Artifact`` holds those
+fields; each format adds its own, writes its body after ``header`` and reads it after
+``parse_header``. Files are written atomically (a server loading a directory never sees half a file).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from slotread.core.questions import CalibrationMethod, Question
-from slotread.errors import CalibrationError
-from slotread.quality.calibration import TopLabelBins
-
-FORMAT = "slotread-calibration/1"
-#: Methods whose conformal scores an artifact may hold: batch calibration changes with traffic.
-CONFORMAL_METHODS: tuple[CalibrationMethod, ...] = ("none", "contextual", "temperature", "binned")
+from slotread.core.questions import Question
 
 
 def schema_hash(question: Question, instructions: str | None) -> str:
@@ -59,127 +41,50 @@ def schema_hash(question: Question, instructions: str | None) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class Calibration:
-    """One (model, schema)'s fitted calibration; arrays are float64 in option order."""
+class Artifact:
+    """The header of an artifact fitted for one (model, schema): the question's type and option names,
+    and what it was fitted on (free-form JSON, recorded as given)."""
 
     model: str
     schema: str
     kind: str
     options: tuple[str, ...]
-    temperature: float | None = None
-    #: shift → mean label distribution of the content-free reads under that assignment
-    content_free: Mapping[int, np.ndarray] = field(default_factory=dict)
-    content_free_states: tuple[str, ...] = ()
-    #: top-label bins fitted on the contextual answers (``x_calibration: binned``)
-    bins: TopLabelBins | None = None
-    #: method → nonconformity scores of the calibration items under that method
-    conformal: Mapping[str, np.ndarray] = field(default_factory=dict)
-    fitted_on: Mapping[str, Any] = field(default_factory=dict)
+    fitted_on: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
 
-    @property
-    def permutations(self) -> int:
-        """The ``x_permutations`` the temperature and conformal scores were fitted under."""
-        return int(self.fitted_on.get("request", {}).get("x_permutations", 1))
-
-    def to_json(self) -> dict[str, Any]:
-        """The artifact as JSON data (see the module docstring)."""
-        methods: dict[str, Any] = {}
-        if self.temperature is not None:
-            methods["temperature"] = {"temperature": self.temperature}
-        if self.content_free:
-            methods["contextual"] = {
-                "states": list(self.content_free_states),
-                "content_free": {str(s): p.tolist() for s, p in sorted(self.content_free.items())},
-            }
-        if self.bins is not None:
-            methods["binned"] = {
-                "edges": self.bins.edges.tolist(),
-                "values": self.bins.values.tolist(),
-                "counts": self.bins.counts.tolist(),
-            }
+    def header(self, format: str) -> dict[str, Any]:
+        """The JSON fields every artifact starts with."""
         return {
-            "format": FORMAT,
+            "format": format,
             "model": self.model,
             "schema": self.schema,
             "question": {"type": self.kind, "options": list(self.options)},
-            "methods": methods,
-            "conformal": {m: s.tolist() for m, s in self.conformal.items()},
-            "fitted_on": dict(self.fitted_on),
         }
 
-    @classmethod
-    def from_json(cls, data: Any, source: str) -> Calibration:
-        """Check and build an artifact; raises CalibrationError naming ``source`` and the problem."""
-        try:
-            return _parse(data)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CalibrationError(f"{source}: not a slotread calibration artifact: {exc}") from None
 
-    def save(self, path: Path) -> None:
-        """Write the artifact atomically (a reader never sees half a file)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as out:
-            json.dump(self.to_json(), out, ensure_ascii=False, indent=1)
-        os.replace(out.name, path)
-
-    @classmethod
-    def load(cls, path: Path) -> Calibration:
-        """Read an artifact file; raises CalibrationError naming the file and the problem."""
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CalibrationError(f"{path}: cannot read it as JSON: {exc}") from None
-        return cls.from_json(data, str(path))
-
-
-def _distribution(values: Any, n: int, what: str) -> np.ndarray:
-    p = np.asarray(values, dtype=np.float64)
-    if p.shape != (n,) or not np.all(p > 0) or abs(p.sum() - 1) > 1e-6:
-        raise ValueError(f"{what} must be {n} positive probabilities summing to 1")
-    return p
-
-
-def _bins(data: Any) -> TopLabelBins:
-    edges, values, counts = (np.asarray(data[key], dtype=np.float64) for key in ("edges", "values", "counts"))
-    if not (values.ndim == 1 and edges.shape == (len(values) - 1,) and counts.shape == values.shape):
-        raise ValueError("methods.binned needs B values and counts and B − 1 edges")
-    if np.any(np.diff(edges) <= 0) or np.any(np.diff(values) < 0) or not np.all((values > 0) & (values < 1)):
-        raise ValueError("methods.binned needs ascending edges and non-decreasing values in (0, 1)")
-    return TopLabelBins(edges, values, counts)
-
-
-def _parse(data: Any) -> Calibration:
-    if data.get("format") != FORMAT:
-        raise ValueError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
+def parse_header(data: Any, format: str) -> dict[str, Any]:
+    """The ``Artifact`` fields of JSON ``data`` in ``format``; ValueError (or KeyError, TypeError) if it is
+    another format or lacks them."""
+    if data.get("format") != format:
+        raise ValueError(f"format must be {format!r}, got {data.get('format')!r}")
     question = data["question"]
-    options = tuple(str(o) for o in question["options"])
-    n = len(options)
-    methods = data.get("methods", {})
-    temperature = methods.get("temperature", {}).get("temperature")
-    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"the temperature must be a positive number, got {temperature!r}")
-    contextual = methods.get("contextual", {})
-    content_free = {
-        int(shift): _distribution(p, n, f"content_free[{shift}]")
-        for shift, p in contextual.get("content_free", {}).items()
+    return {
+        "model": str(data["model"]),
+        "schema": str(data["schema"]),
+        "kind": str(question["type"]),
+        "options": tuple(str(o) for o in question["options"]),
+        "fitted_on": dict(data.get("fitted_on", {})),
     }
-    binned = methods.get("binned")
-    bins = None if binned is None else _bins(binned)
-    conformal = {}
-    for method, scores in data.get("conformal", {}).items():
-        values = np.asarray(scores, dtype=np.float64)
-        if method not in CONFORMAL_METHODS or values.ndim != 1 or not np.all((values >= 0) & (values <= 1)):
-            raise ValueError(f"conformal[{method!r}] must be scores in [0, 1] of one of {CONFORMAL_METHODS}")
-        conformal[method] = values
-    return Calibration(
-        model=str(data["model"]),
-        schema=str(data["schema"]),
-        kind=str(question["type"]),
-        options=options,
-        temperature=None if temperature is None else float(temperature),
-        content_free=content_free,
-        content_free_states=tuple(contextual.get("states", ())),
-        bins=bins,
-        conformal=conformal,
-        fitted_on=dict(data.get("fitted_on", {})),
-    )
+
+
+def file_stem(model: str, schema: str) -> str:
+    """``<model>.<schema[:16]>``, the model name made file-safe: how an artifact's file is named."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.") or "model"
+    return f"{slug}.{schema[:16]}"
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it, renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as out:
+        json.dump(data, out, ensure_ascii=False, indent=1)
+    os.replace(out.name, path)

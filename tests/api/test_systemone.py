@@ -279,15 +279,15 @@ def test_permutations_default_to_one_and_stop_at_the_limit() -> None:
 
 def test_calibration_defaults_to_none() -> None:
     body: dict[str, Any] = {"state": "s", "questions": {"q": CHOICE}}
-    assert decision(body).calibration == "none"
-    assert decision({**body, "x_calibration": "batch"}).calibration == "batch"
+    assert decision(body).quality.calibration == "none"
+    assert decision({**body, "x_calibration": "batch"}).quality.calibration == "batch"
 
 
 def test_coverage_is_a_share_and_needs_a_fixed_calibration() -> None:
     body: dict[str, Any] = {"state": "s", "questions": {"q": CHOICE}}
-    assert decision(body).coverage is None
-    assert decision({**body, "x_coverage": 0.9, "x_calibration": "temperature"}).coverage == 0.9
-    assert decision({**body, "x_coverage": 0.9, "x_calibration": "binned"}).calibration == "binned"
+    assert decision(body).quality.coverage is None
+    assert decision({**body, "x_coverage": 0.9, "x_calibration": "temperature"}).quality.coverage == 0.9
+    assert decision({**body, "x_coverage": 0.9, "x_calibration": "binned"}).quality.calibration == "binned"
     (problem,) = problems({**body, "x_coverage": 0.9, "x_calibration": "batch"})
     assert problem["loc"] == ["body", "x_coverage"] and "batch calibration" in problem["msg"]
 
@@ -316,9 +316,9 @@ def test_x_readout_refuses_what_a_readout_was_not_fitted_under() -> None:
 
 def test_examples_and_shortlists_are_read_options_within_range() -> None:
     body = {"state": "s", "questions": {"q": CHOICE}}
-    assert (decision(body).examples, decision(body).shortlist) == (0, 0)
+    assert (decision(body).quality.examples, decision(body).quality.shortlist) == (0, 0)
     found = decision({**body, "x_examples": 64, "x_shortlist": 2, "x_calibration": "contextual"})
-    assert (found.examples, found.shortlist) == (64, 2)
+    assert (found.quality.examples, found.quality.shortlist) == (64, 2)
     assert locs({**body, "x_examples": 65}) == [["body", "x_examples"]]
     assert locs({**body, "x_examples": -1}) == [["body", "x_examples"]]
     assert locs({**body, "x_examples": "8"}) == [["body", "x_examples"]]
@@ -343,7 +343,7 @@ def test_examples_refuse_read_options_fitted_without_them(extra: dict[str, Any],
         (problem,) = problems(body)
         assert problem["loc"] == ["body", loc.replace("x_examples", field)] and words in problem["msg"]
     # joint false with examples is fine, as are these options without examples
-    assert decision({"state": "s", "questions": {"q": CHOICE}, "x_examples": 2, "x_joint": False}).examples == 2
+    assert decision({"state": "s", "questions": {"q": CHOICE}, "x_examples": 2, "x_joint": False}).quality.examples == 2
     decision({"state": "s", "questions": {"q": CHOICE}, **extra})
 
 

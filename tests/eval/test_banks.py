@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slotread.decider import read_example_bank
-from slotread.errors import EvalError
+from slotread.errors import EvalError, InvalidRequest
 from slotread.eval.banks import bank_from_dataset, bank_info, check_bank
 from slotread.eval.datasets import Dataset, Item, Task
 
@@ -35,7 +35,7 @@ def test_a_bank_file_holding_an_evaluated_text_or_another_question_is_refused(tm
     path = tmp_path / "bank.jsonl"
     lines = [{"question": TASK.question}, {"state": "card  Missing", "answer": "card"}]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with pytest.raises(EvalError, match="1 of 2 evaluated items of toy test are also examples of the bank"):
+    with pytest.raises(InvalidRequest, match=r"1 of 1 items of .*bank\.jsonl also appear in toy test.*--example-bank"):
         check_bank(read_example_bank(path), TEST)
     lines[0] = {"question": {**TASK.question, "instructions": "Which topic?"}}
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -209,18 +209,18 @@ def test_eval_knn_votes_with_the_train_split(
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("flags", "message", "code"),
     [
-        (["--baseline", "knn"], "at least 1"),
-        (["--baseline", "knn", "--examples", "3", "--shortlist", "2"], "reads no shortlist"),
-        (["--baseline", "tfidf", "--examples", "3"], "shows no examples"),
-        (["--baseline", "tfidf", "--example-bank", "bank.jsonl"], "shows no examples"),
-        (["--example-bank", "bank.jsonl"], "--example-bank serves"),
-        (["--baseline", "knn", "--examples", "3", "--example-bank", "bank.jsonl"], "also examples of the bank"),
+        (["--baseline", "knn"], "at least 1", 1),
+        (["--baseline", "knn", "--examples", "3", "--shortlist", "2"], "reads no shortlist", 1),
+        (["--baseline", "tfidf", "--examples", "3"], "shows no examples", 1),
+        (["--baseline", "tfidf", "--example-bank", "bank.jsonl"], "shows no examples", 1),
+        (["--example-bank", "bank.jsonl"], "--example-bank serves", 1),
+        (["--baseline", "knn", "--examples", "3", "--example-bank", "bank.jsonl"], "--example-bank must name data", 2),
     ],
 )
 def test_eval_refuses_banks_that_make_no_sense(
-    bank_data_dir: Path, tmp_path: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    bank_data_dir: Path, tmp_path: Path, flags: list[str], message: str, code: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     question = {"type": "choice", "instructions": "Which of these topics is this bank customer's message about?"}
     question["criteria"] = {"card arrival": None, "request refund": None, "lost or stolen card": None}
@@ -228,7 +228,7 @@ def test_eval_refuses_banks_that_make_no_sense(
     (tmp_path / "bank.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     flags = [str(tmp_path / flag) if flag == "bank.jsonl" else flag for flag in flags]
     argv = ["eval", *flags, "--dataset", "banking77", "--data-dir", str(bank_data_dir), "--no-progress"]
-    assert main([*argv, "--out", str(tmp_path / "run")]) == 1
+    assert main([*argv, "--out", str(tmp_path / "run")]) == code
     assert message in capsys.readouterr().err
 
 

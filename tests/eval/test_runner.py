@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slotread.calibrate import calibrate
 from slotread.core.aggregate import softmax
 from slotread.decider import Decider
 from slotread.errors import EvalError, InvalidRequest
@@ -24,6 +23,7 @@ from slotread.eval.runner import (
     shuffle_options,
 )
 from slotread.models.load import LoadedModel
+from slotread.quality.calibration.train import calibrate
 from slotread.serve.batcher import BatchingEngine
 
 TASK = Task(

@@ -13,7 +13,8 @@ from slotread.models.load import LoadedModel
 from slotread.prompt.render import SolvedExample
 from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import schema_hash
-from slotread.quality.examples import SHORTLIST_NEIGHBOURS, ExampleBank
+from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.shortlist import SHORTLIST_NEIGHBOURS
 from tests.core.test_decide import RecordingEngine
 
 NAMES = ("card arrival", "refund", "pin blocked", "exchange rate", "lost card")

@@ -9,8 +9,9 @@ import pytest
 
 from slotread.core.questions import Option, Question
 from slotread.errors import CalibrationError
-from slotread.quality.artifact import Calibration, schema_hash
-from slotread.quality.calibration import TopLabelBins
+from slotread.quality.artifact import schema_hash
+from slotread.quality.calibration.artifact import Calibration
+from slotread.quality.calibration.methods import TopLabelBins
 
 QUESTION = Question("intent", "choice", "What do they want?", (Option("refund", "money back"), Option("other")))
 

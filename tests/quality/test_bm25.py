@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from slotread.quality.bm25 import BM25, words
+from slotread.quality.examples.bm25 import BM25, words
 
 
 def test_words_are_lower_cased_runs_of_letters_and_digits() -> None:

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from slotread.quality.calibration import (
+from slotread.quality.calibration.methods import (
     T_MAX,
     T_MIN,
     TopLabelBins,

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from slotread.quality.conformal import conformal_threshold, nonconformity, prediction_set
+from slotread.quality.calibration.conformal import conformal_threshold, nonconformity, prediction_set
 
 SCORES = np.array([0.9, 0.1, 0.5, 0.3, 0.7, 0.2, 0.8, 0.4, 0.6])  # 0.1 .. 0.9, shuffled
 

@@ -5,20 +5,11 @@ import pytest
 
 from slotread.core.aggregate import ReadSummary, softmax
 from slotread.core.answers import Answer, Read
-from slotread.core.questions import Decision, Option, Question
+from slotread.core.questions import Decision, Option, QualityOptions, Question
 from slotread.errors import ExampleBankError, InvalidRequest
 from slotread.prompt.render import SolvedExample
-from slotread.quality.examples import (
-    VOTE_TIE_BREAK,
-    ExampleBank,
-    ExampleBanks,
-    Shortlist,
-    expand_answer,
-    expand_probabilities,
-    residual_mass,
-    retrieve,
-    vote_distribution,
-)
+from slotread.quality.examples.bank import VOTE_TIE_BREAK, ExampleBank, ExampleBanks, residual_mass, vote_distribution
+from slotread.quality.examples.shortlist import Shortlist, expand_answer, expand_probabilities, retrieve
 
 TOPICS = Question(
     "topic", "choice", "Which topic?", tuple(Option(n) for n in ("card", "refund", "pin", "rate", "other"))
@@ -104,11 +95,13 @@ def test_a_bank_refuses_answers_its_question_lacks() -> None:
 
 def test_retrieve_shows_the_nearest_examples_last_and_shortlists() -> None:
     banks = ExampleBanks([bank()])
-    decision = Decision("my card has not come", (TOPICS,), examples=2)
+    decision = Decision("my card has not come", (TOPICS,), quality=QualityOptions(examples=2))
     shown, shortlists = retrieve(decision, banks)
     assert shortlists == {}
     assert [e.state for e in shown.questions[0].examples] == ["refund my card payment", "my card has not arrived"]
-    shown, shortlists = retrieve(Decision("refund my card", (TOPICS,), examples=6, shortlist=2), banks)
+    shown, shortlists = retrieve(
+        Decision("refund my card", (TOPICS,), quality=QualityOptions(examples=6, shortlist=2)), banks
+    )
     (question,) = shown.questions
     assert [o.name for o in question.options] == ["card", "refund"]
     # only examples answerable in the shortlist are shown: not the pin one
@@ -121,10 +114,10 @@ def test_retrieve_refuses_questions_no_bank_serves_and_shortlists_of_nouls() -> 
     urgent = Question("urgent", "noul", None, (Option("yes"), Option("no")))
     banks = ExampleBanks([bank(), ExampleBank(urgent, None, [SolvedExample("now!", "yes")], "nouls")])
     with pytest.raises(InvalidRequest) as found:
-        retrieve(Decision("x", (TOPICS, other), examples=1), banks)
+        retrieve(Decision("x", (TOPICS, other), quality=QualityOptions(examples=1)), banks)
     assert found.value.detail[0]["loc"] == ["body", "x_examples"] and "'other'" in found.value.detail[0]["msg"]
     with pytest.raises(InvalidRequest, match="is a noul"):
-        retrieve(Decision("x", (urgent,), shortlist=2), banks)
+        retrieve(Decision("x", (urgent,), quality=QualityOptions(shortlist=2)), banks)
 
 
 def test_an_expanded_answer_covers_every_option_and_sums_to_one() -> None:

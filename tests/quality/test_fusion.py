@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from slotread.core.aggregate import softmax
-from slotread.quality.calibration import fit_temperature, mean_nll
-from slotread.quality.fusion import WEIGHT_MAX, fit_fusion
+from slotread.quality.calibration.methods import fit_temperature, mean_nll
+from slotread.quality.readouts.fusion import WEIGHT_MAX, fit_fusion
 
 
 def test_without_partners_it_is_temperature_scaling() -> None:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from slotread.core.questions import Option, Question
-from slotread.quality.examples import ExampleBank
-from slotread.quality.lexical import FLOOR, bank_classifier, cross_fitted, fit_text_classifier, floored
+from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.lexical import FLOOR, bank_classifier, cross_fitted, fit_text_classifier, floored
 
 QUESTION = Question("q", "choice", "Which?", (Option("refund"), Option("card"), Option("pin")))
 PAIRS = [

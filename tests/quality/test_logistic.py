@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from slotread.quality.logistic import LogisticHead, fit_logistic, standardiser
+from slotread.quality.readouts.logistic import LogisticHead, fit_logistic, standardiser
 
 
 def test_standardiser_by_hand() -> None:

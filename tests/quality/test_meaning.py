@@ -3,13 +3,19 @@
 import numpy as np
 import pytest
 
-from slotread.core.questions import Decision, Option, Question
+from slotread.core.questions import Decision, Option, QualityOptions, Question
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
-from slotread.quality.examples import ExampleBanks, expand_probabilities, retrieve
-from slotread.quality.meaning import SIMILARITY_TEMPERATURE, nearest_options, option_text, similarity_distribution
+from slotread.quality.examples.bank import ExampleBanks
+from slotread.quality.examples.meaning import (
+    SIMILARITY_TEMPERATURE,
+    nearest_options,
+    option_text,
+    similarity_distribution,
+)
+from slotread.quality.examples.shortlist import expand_probabilities, retrieve
 
 TOPICS = Question(
     "topic",
@@ -45,7 +51,7 @@ def test_the_list_shares_its_mass_as_the_pool_of_read_and_encoder() -> None:
 
 
 def test_retrieve_shortlists_by_meaning_without_a_bank(encoder: SentenceEncoder) -> None:
-    decision = Decision(STATE, (TOPICS,), shortlist=2)
+    decision = Decision(STATE, (TOPICS,), quality=QualityOptions(shortlist=2))
     read, shortlists = retrieve(decision, ExampleBanks(), encoder.embed)
     (question,) = read.questions
     shortlist = shortlists["topic"]
@@ -55,8 +61,12 @@ def test_retrieve_shortlists_by_meaning_without_a_bank(encoder: SentenceEncoder)
     with pytest.raises(InvalidRequest, match="--encoder"):
         retrieve(decision, ExampleBanks())
     with pytest.raises(InvalidRequest, match="no example bank"):  # examples need a bank, meaning or not
-        retrieve(Decision(STATE, (TOPICS,), shortlist=2, examples=1), ExampleBanks(), encoder.embed)
-    whole, none = retrieve(Decision(STATE, (TOPICS,), shortlist=5), ExampleBanks(), encoder.embed)
+        retrieve(
+            Decision(STATE, (TOPICS,), quality=QualityOptions(shortlist=2, examples=1)), ExampleBanks(), encoder.embed
+        )
+    whole, none = retrieve(
+        Decision(STATE, (TOPICS,), quality=QualityOptions(shortlist=5)), ExampleBanks(), encoder.embed
+    )
     assert whole.questions == (TOPICS,) and none == {}  # a list as long as the options: read them all
 
 

@@ -12,10 +12,11 @@ from slotread.core.answers import Answer, Read
 from slotread.core.questions import Decision, Option, Question
 from slotread.errors import CalibrationError, InvalidRequest
 from slotread.quality.artifact import schema_hash
-from slotread.quality.examples import ExampleBank, ExampleBanks
-from slotread.quality.lexical import bank_classifier, floored
-from slotread.quality.logistic import LogisticHead
-from slotread.quality.readout import Readout, ReadoutStore, banked_in, read_features
+from slotread.quality.examples.bank import ExampleBank, ExampleBanks
+from slotread.quality.examples.lexical import bank_classifier, floored
+from slotread.quality.readouts.logistic import LogisticHead
+from slotread.quality.readouts.readout import Readout, banked_in, read_features
+from slotread.quality.readouts.store import ReadoutStore
 
 QUESTION = Question("q", "choice", "Which?", (Option("a"), Option("b")))
 SCHEMA = schema_hash(QUESTION, None)
@@ -155,7 +156,7 @@ def test_the_store_fits_the_lexical_classifier_on_the_served_bank(
     unfitted = ReadoutStore("m", tmp_path).problem("q", SCHEMA, banked=True)
     assert unfitted is not None and "loaded without its bank" in unfitted
 
-    with caplog.at_level("INFO", logger="slotread.quality.readout"):
+    with caplog.at_level("INFO", logger="slotread.quality.readouts.store"):
         store = ReadoutStore("m", tmp_path, banks=ExampleBanks([bank]))
     assert store.problem("q", SCHEMA, banked=True) is None
     assert "fitted on 6 examples of bank in" in caplog.text and "WARNING" not in caplog.text

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from slotread.errors import CalibrationError
-from slotread.quality.artifact import Calibration
-from slotread.quality.store import BatchPriors, CalibrationStore
+from slotread.quality.calibration.artifact import Calibration
+from slotread.quality.calibration.store import BatchPriors, CalibrationStore
 
 
 def test_batch_priors_by_hand() -> None:

@@ -4,22 +4,24 @@ The data is an evaluation ``Dataset`` (``slotread.eval.datasets``: a built-in sp
 with its question), and each item is asked exactly the request ``slotread eval`` sends for it, so the
 artifact's schema is the one the evaluation asks. Every item is read through the Decider with
 ``x_calibration: contextual``, so the content-free distributions are read on the way (once). The raw
-reads (label logits in option order) give the temperature (``quality.calibration.fit_temperature``),
-the top-label bins of the contextual answers (``fit_top_label_bins``: ``x_calibration: binned``)
-and, under each of none, contextual, temperature and binned calibration, the items' conformal scores
+reads (label logits in option order) give the temperature (``methods.fit_temperature``), the
+top-label bins of the contextual answers (``fit_top_label_bins``: ``x_calibration: binned``) and,
+under each of none, contextual, temperature and binned calibration, the items' conformal scores
 1 − p(gold). The result is one artifact for (model, schema); ``fitted_on.ece`` records the in-sample
 ECE of the contextual answers before and after binning, ``fitted_on.class_counts`` the label prior the
 data had (a temperature fitted on one prior and served on another is off: ``datasets.balance`` draws
 data with the same count of every class, ``fitted_on.balanced``).
 
-Data that overlaps the evaluation split named by ``exclude`` is refused before anything is read: a
-calibration fitted on the items it is judged on would look better than it is.
+Data that overlaps the evaluation split named by ``exclude`` is refused before anything is read
+(``eval.training.refuse_overlap``): a calibration fitted on the items it is judged on would look better
+than it is. It reads through the ``Decider`` like an evaluation, so it sits above the rest of
+``quality`` (``tests/test_layering.py``): nothing that serves a request imports it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,12 +29,15 @@ import numpy as np
 from slotread.api.systemone import parse_request, to_decision
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
-from slotread.eval.datasets import Dataset, class_counts, normalised
+from slotread.eval.datasets import Dataset, class_counts
 from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import QUESTION_ID, build_request
+from slotread.eval.training import refuse_overlap
 from slotread.quality.answering import CONTENT_FREE_STATES
-from slotread.quality.artifact import CONFORMAL_METHODS, Calibration, schema_hash
-from slotread.quality.calibration import (
+from slotread.quality.artifact import schema_hash
+from slotread.quality.calibration.artifact import CONFORMAL_METHODS, Calibration
+from slotread.quality.calibration.conformal import nonconformity
+from slotread.quality.calibration.methods import (
     apply_top_label_bins,
     calibrate_reads,
     fit_temperature,
@@ -40,7 +45,6 @@ from slotread.quality.calibration import (
     mean_nll,
     temperature_scale,
 )
-from slotread.quality.conformal import nonconformity
 
 
 @dataclass(frozen=True)
@@ -60,26 +64,6 @@ class Fit:
             "nll_raw": mean_nll(self.logits, self.gold),
             "nll_fitted": mean_nll(self.logits, self.gold, temperature),
         }
-
-
-def refuse_overlap(data: Dataset, exclude: Dataset) -> None:
-    """Raise InvalidRequest if any item's text is also an item of ``exclude`` (compared ``normalised``)."""
-    held_out = {normalised(item.state) for item in exclude.items}
-    overlap = [item for item in data.items if normalised(item.state) in held_out]
-    if overlap:
-        msg = (
-            f"{len(overlap)} of {len(data.items)} items of {data.title} also appear in {exclude.title} "
-            f"(texts compared with whitespace collapsed and case folded), e.g. {overlap[0].state!r}; "
-            "fit on data that the evaluation does not use"
-        )
-        raise InvalidRequest.at(["data"], msg, "overlap")
-
-
-def drop_overlap(data: Dataset, exclude: Dataset) -> tuple[Dataset, int]:
-    """``data`` without the items whose text ``exclude`` holds (compared ``normalised``), and how many left."""
-    held_out = {normalised(item.state) for item in exclude.items}
-    kept = tuple(item for item in data.items if normalised(item.state) not in held_out)
-    return replace(data, items=kept), len(data.items) - len(kept)
 
 
 def calibrate(

@@ -1,6 +1,6 @@
 """Fit a learned readout's temperature and the weights of its partners on held-out items.
 
-A readout's answer to one read (``quality.readout``) is
+A readout's answer to one read (``quality.readouts.readout``) is
 
     p = softmax(a · s + Σ_j w_j · log d_j),   a = 1/T
 
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from slotread.quality.calibration import T_MAX, T_MIN
+from slotread.quality.calibration.methods import T_MAX, T_MIN
 
 #: A partner's weight is searched in [0, WEIGHT_MAX].
 WEIGHT_MAX = 5.0

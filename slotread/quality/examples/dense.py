@@ -1,14 +1,15 @@
-"""The encoder partner of a learned readout: logistic regression on the state's sentence embedding.
+"""A bank's embedding classifier: logistic regression on the state's sentence embedding, trained on a bank.
 
     e         the state's unit-length all-MiniLM-L6-v2 embedding (``models.encoder``), 384 numbers
     q         multinomial logistic regression (C = 10) on e, over the question's n options
 
-A readout fitted with ``slotread fit --encoder`` adds w_e · log q̃ to its scores (``quality.readout``),
-trained on the schema's example bank: an encoder knows paraphrases that neither the model's read of
-a small shortlist nor word n-grams catch, and with 5–10 examples per class it is the strongest single
-classifier here (RESULTS.md). Like the lexical partner, q̃ = (1 − ε)·q + ε/n, its held-out q̃ are
-cross-fitted (fold f's classifier never saw a fold-f item's text) and a served readout's classifier is
-fitted on the whole served bank when the readouts load.
+It is the encoder partner of a learned readout: one fitted with ``slotread fit --encoder`` adds
+w_e · log q̃ to its scores (``quality.readouts.readout``), trained on the schema's example bank: an
+encoder knows paraphrases that neither the model's read of a small shortlist nor word n-grams catch,
+and with 5–10 examples per class it is the strongest single classifier here (RESULTS.md). Like the
+lexical partner, q̃ = (1 − ε)·q + ε/n, its held-out q̃ are cross-fitted (fold f's classifier never
+saw a fold-f item's text, ``lexical.cross_fitted``) and a served readout's classifier is fitted on
+the whole served bank when the readouts load.
 
 scikit-learn is imported inside the functions: the model side imports numpy, torch and transformers only.
 """
@@ -22,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from slotread.quality.examples import ExampleBank
-from slotread.quality.lexical import cross_fitted
-from slotread.quality.meaning import Embed
+from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.lexical import cross_fitted
+from slotread.quality.examples.meaning import Embed
 
 #: The logistic regression's inverse L2 strength on unit-length embeddings.
 INVERSE_L2 = 10.0

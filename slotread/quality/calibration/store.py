@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from slotread.errors import CalibrationError
-from slotread.quality.artifact import Calibration
+from slotread.quality.calibration.artifact import Calibration
 
 logger = logging.getLogger(__name__)
 

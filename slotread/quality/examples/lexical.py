@@ -1,11 +1,12 @@
-"""The lexical partner of a learned readout: TF-IDF + logistic regression over the state's text.
+"""A bank's text classifier: TF-IDF + logistic regression over the state's text, trained on a bank.
 
     features  TF-IDF of word 1-2-grams and of character 2-5-grams (within word boundaries), sublinear tf
     q         multinomial logistic regression (C = 10) on them, over the question's n options
 
-It is the ``slotread eval --baseline tfidf`` reference point (``eval.baseline`` builds it here) and a
-readout fitted with ``slotread fit --lexical`` adds w_l · log q̃ to its scores (``quality.readout``),
-trained on the schema's example bank: the text classifier and the model err on different items.
+It is the ``slotread eval --baseline tfidf`` reference point (``eval.baseline`` builds it here) and
+the lexical partner of a learned readout: one fitted with ``slotread fit --lexical`` adds w_l · log q̃
+to its scores (``quality.readouts.readout``), trained on the schema's example bank: the text
+classifier and the model err on different items.
 q̃ = (1 − ε)·q + ε/n keeps log q̃ finite, options no bank example is labelled with included (q = 0).
 
 The readout's weights are fitted on held-out items that the bank holds, so their q̃ is cross-fitted
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from slotread.quality.examples import ExampleBank
+from slotread.quality.examples.bank import ExampleBank
 
 #: The logistic regression's inverse L2 strength. Chosen on 2,000 BANKING77 train messages held out
 #: from the rest: word n-grams alone 87.2% (C=10) and 87.5% (C=100), with character n-grams 89.4% (C=10).
@@ -102,7 +103,7 @@ def cross_fitted(
     """q̃ (N, n) of each of ``states`` from a classifier that never saw its text (module docstring).
 
     State i goes to fold i mod K (K = min(folds, N)); fold f's classifier (``fit``: this module's, or
-    another partner's such as ``quality.dense``) is trained on the bank examples whose text is no fold-f
+    another partner's such as ``quality.examples.dense``) is trained on the bank examples whose text is no fold-f
     state's text; ``fitted`` is called after each fold (a progress bar). ValueError when such a training
     part is left with one option.
     """

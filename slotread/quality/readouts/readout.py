@@ -1,10 +1,10 @@
-"""Learned readouts: a small head per (model, question schema) that answers from the model's own read.
+"""A learned readout: the head fitted for one (model, schema), how it answers a read, and its artifact.
 
 A read's features are the slot's final hidden state h (``SlotScores.hidden``, the vector ``lm_head``
 sees) followed by the label log-probabilities ℓ = z − logsumexp(z) of its label logits z in option
 order; a readout fitted with ``features="logits"`` uses ℓ alone, which a remote engine (no hidden
 states over vLLM's API) can serve. The head is a multinomial logistic regression on the standardised
-features (``quality.logistic``) with a temperature fitted on held-out items:
+features (``quality.readouts.logistic``) with a temperature fitted on held-out items:
 
     p(read) = softmax((W z + b) / T),   z = (x − μ) / σ,   x = [h, ℓ]
 
@@ -13,20 +13,21 @@ and the answer is the mean of p over the question's reads (its draws), like any 
 A readout fitted with partners (``slotread fit --vote K``, ``--lexical``) also reads the schema's
 example bank: it adds w_v · log v, v the smoothed label vote of the state's K BM25-nearest bank
 examples (``quality.examples``), and w_l · log q̃, q̃ the class probabilities of a TF-IDF + logistic
-regression classifier trained on the bank (``quality.lexical``), and w_e · log ẽ, ẽ the class
+regression classifier trained on the bank (``quality.examples.lexical``), and w_e · log ẽ, ẽ the class
 probabilities of a logistic regression on the state's sentence embedding trained on the bank
-(``quality.dense``, ``slotread fit --encoder``), with T and the weights fitted together on the
-held-out items (``quality.fusion``):
+(``quality.examples.dense``, ``slotread fit --encoder``), with T and the weights fitted together on the
+held-out items (``quality.readouts.fusion``):
 
     p(read) = softmax((W z + b) / T + w_v · log v + w_l · log q̃ + w_e · log ẽ)
 
 The vote and the model err on different items (BANKING77, 1.5B: of 3,080 test messages, a 40-per-intent
 head alone was right on 323 that a 24-neighbour vote got wrong, the vote on 210 the head got wrong), so
 the product of the two beats both; so do the readout and the text classifier. Such a readout answers
-only where its schema's bank is served; the store fits the lexical classifier on the served bank as
-it loads the readout (the artifact records the bank's size at fit time, and a served bank of another
-size is logged as a warning).
-``slotread fit`` writes the artifact as two files side by side in a directory:
+only where its schema's bank is served; the store (``quality.readouts.store``) fits the partners'
+classifiers on the served bank as it loads the readout (the artifact records the bank's size at fit
+time, and a served bank of another size is logged as a warning).
+
+``slotread fit`` (``quality.readouts.train``) writes the artifact as two files side by side in a directory:
 
     <model>.<schema[:16]>.readout.json  {"format": "slotread-readout/1", "model", "schema",
                                          "question": {"type", "options"}, "features", "hidden_size",
@@ -37,7 +38,8 @@ size is logged as a warning).
                                          "fitted_on": {data, items, held-out metrics, ...}}
     <model>.<schema[:16]>.readout.npz   float64 arrays mean (d,), scale (d,), weight (n, d), bias (n,)
 
-The schema is ``quality.artifact.schema_hash``, as for calibration artifacts. ``layout`` is the prompt
+The header (``format`` to ``question``, and ``fitted_on``) is every artifact's (``quality.artifact``);
+the schema is ``quality.artifact.schema_hash``, as for calibration artifacts. ``layout`` is the prompt
 layout the head was fitted on (its features depend on it): requests with ``x_readout`` are rendered
 in it. A causal model's plain reads are state-first; a readout may be fitted schema-first instead,
 so that one schema's KV is cached for every state (a 77-option schema is ~600 tokens, a message
@@ -47,14 +49,10 @@ so that one schema's KV is cached for every state (a 77-option schema is ~600 to
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
-import re
 import tempfile
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,17 +60,10 @@ import numpy as np
 
 from slotread.core.aggregate import aggregate_reads, softmax
 from slotread.core.answers import Answer
-from slotread.core.questions import Decision
-from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest
+from slotread.errors import CalibrationError
 from slotread.prompt.render import Layout
-from slotread.quality.artifact import schema_hash
-from slotread.quality.dense import EmbeddingClassifier, bank_embedding_classifier
-from slotread.quality.examples import ExampleBank, ExampleBanks
-from slotread.quality.lexical import TextClassifier, bank_classifier, floored
-from slotread.quality.logistic import LogisticHead
-from slotread.quality.meaning import Embed
-
-logger = logging.getLogger(__name__)
+from slotread.quality.artifact import Artifact, file_stem, parse_header, write_json
+from slotread.quality.readouts.logistic import LogisticHead
 
 FORMAT = "slotread-readout/1"
 #: What a head reads: the slot's hidden state and the label log-probabilities, or the latter alone.
@@ -92,13 +83,9 @@ def read_features(logits: np.ndarray, hidden: np.ndarray | None, features: Featu
 
 
 @dataclass(frozen=True, eq=False)
-class Readout:
+class Readout(Artifact):
     """One (model, schema)'s fitted readout (see the module docstring)."""
 
-    model: str
-    schema: str
-    kind: str
-    options: tuple[str, ...]
     features: Features
     hidden_size: int | None
     #: the prompt layout the reads were rendered in (``prompt.render.LAYOUTS``); answers are read in it too
@@ -118,7 +105,6 @@ class Readout:
     encoder: str | None = None
     encoder_weight: float = 0.0
     encoder_examples: int = 0
-    fitted_on: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def banked(self) -> bool:
@@ -175,10 +161,7 @@ class Readout:
     def to_json(self, arrays: str) -> dict[str, Any]:
         """The artifact's JSON part, naming its ``arrays`` file."""
         return {
-            "format": FORMAT,
-            "model": self.model,
-            "schema": self.schema,
-            "question": {"type": self.kind, "options": list(self.options)},
+            **self.header(FORMAT),
             "features": self.features,
             "hidden_size": self.hidden_size,
             "layout": self.layout,
@@ -204,9 +187,7 @@ class Readout:
             np.savez(out, mean=self.head.mean, scale=self.head.scale, weight=self.head.weight, bias=self.head.bias)
         os.replace(out.name, arrays)
         path = directory / f"{stem}.json"
-        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False, encoding="utf-8") as text:
-            json.dump(self.to_json(arrays.name), text, ensure_ascii=False, indent=1)
-        os.replace(text.name, path)
+        write_json(path, self.to_json(arrays.name))
         return path
 
     @classmethod
@@ -230,14 +211,12 @@ def banked_in(directory: Path) -> bool:
 
 def artifact_stem(model: str, schema: str) -> str:
     """``<model>.<schema[:16]>.readout``, the model name made file-safe."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.") or "model"
-    return f"{slug}.{schema[:16]}.readout"
+    return f"{file_stem(model, schema)}.readout"
 
 
 def _parse(data: Any, head: LogisticHead) -> Readout:
-    if data.get("format") != FORMAT:
-        raise ValueError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
-    options = tuple(str(o) for o in data["question"]["options"])
+    header = parse_header(data, FORMAT)
+    options = header["options"]
     features = data["features"]
     if features not in FEATURES:
         raise ValueError(f"features must be one of {FEATURES}, got {features!r}")
@@ -271,10 +250,7 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
     if encoder is not None and not (math.isfinite(encoder_weight) and encoder_weight >= 0 and encoder_examples > 0):
         raise ValueError(f"the encoder weight must not be negative nor its bank empty, got {encoder}")
     return Readout(
-        model=str(data["model"]),
-        schema=str(data["schema"]),
-        kind=str(data["question"]["type"]),
-        options=options,
+        **header,
         features=features,
         hidden_size=hidden_size,
         layout=layout,
@@ -288,156 +264,4 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
         encoder=None if encoder is None else str(encoder["name"]),
         encoder_weight=encoder_weight,
         encoder_examples=encoder_examples,
-        fitted_on=dict(data.get("fitted_on", {})),
     )
-
-
-class ReadoutStore:
-    """The readouts of one model, by schema, from a directory of ``slotread fit`` artifacts.
-
-    ``hidden_states`` says whether the engine returns hidden states (a remote one does not: only
-    "logits" readouts can answer there). The lexical classifier of a readout with one is fitted on its
-    schema's bank in ``banks`` here, once (logged with the time it took). Raises CalibrationError if an
-    artifact cannot be read or two claim one schema; artifacts of other models are skipped.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        directory: Path | None = None,
-        *,
-        hidden_states: bool = True,
-        banks: ExampleBanks | None = None,
-        encoder: str | None = None,
-        embed: Embed | None = None,
-    ) -> None:
-        self.model = model
-        self.encoder = encoder
-        self.hidden_states = hidden_states
-        self._readouts: dict[str, tuple[Readout, Path]] = {}
-        self._lexical: dict[str, TextClassifier] = {}
-        self._dense: dict[str, EmbeddingClassifier] = {}
-        for path in sorted(directory.glob("*.readout.json")) if directory is not None else []:
-            readout = Readout.load(path)
-            if readout.model != model:
-                logger.info("%s reads out %s, not %s: skipped", path, readout.model, model)
-                continue
-            if readout.schema in self._readouts:
-                other = self._readouts[readout.schema][1]
-                raise CalibrationError(f"{path} and {other} are both readouts of schema {readout.schema} of {model}")
-            self._readouts[readout.schema] = (readout, path)
-        if directory is not None:
-            logger.info("%d readouts for %s from %s", len(self._readouts), model, directory)
-        for schema, (readout, path) in self._readouts.items():
-            bank = banks.get(schema) if banks is not None else None
-            if readout.lexical_weight is not None and bank is not None:
-                self._lexical[schema] = fit_lexical(readout, bank, path)
-            if readout.encoder is not None and readout.encoder == encoder and embed is not None and bank is not None:
-                self._dense[schema] = fit_dense(readout, bank, path, embed)
-
-    def lexical(self, schema: str, state: str) -> np.ndarray:
-        """q̃ (n,) of ``state`` from the lexical classifier of ``schema``'s readout (KeyError if none was fitted)."""
-        return floored(self._lexical[schema].probabilities([state])[0])
-
-    def dense(self, schema: str, state: str) -> np.ndarray:
-        """ẽ (n,) of ``state`` from the embedding classifier of ``schema``'s readout (KeyError if none)."""
-        return floored(self._dense[schema].probabilities([state])[0])
-
-    def get(self, schema: str) -> Readout | None:
-        """The readout of a schema, if one was loaded."""
-        found = self._readouts.get(schema)
-        return found[0] if found else None
-
-    def layout_for(self, decision: Decision) -> Layout | None:
-        """The prompt layout the readouts of ``decision``'s questions were fitted in (None if one is
-        missing: answering refuses that). Raises InvalidRequest when they differ: one decision is
-        rendered in one layout."""
-        found = [self.get(schema_hash(q, decision.instructions)) for q in decision.questions]
-        layouts = {readout.layout for readout in found if readout is not None}
-        if len(layouts) > 1:
-            msg = (
-                f"the readouts of these questions were fitted in different prompt layouts {sorted(layouts)}: ask apart"
-            )
-            raise InvalidRequest.at(["body", "x_readout"], msg)
-        return layouts.pop() if layouts and None not in found else None
-
-    def problem(self, question_id: str, schema: str, banked: bool) -> str | None:
-        """Why question ``question_id`` (of ``schema``; ``banked``: an example bank serves it) cannot be
-        answered with a readout here, or None."""
-        readout = self.get(schema)
-        where = f"question {question_id!r} on {self.model} (schema {schema[:16]})"
-        if readout is None:
-            return f"no readout is loaded for {where}; fit one with `slotread fit` and load it with --readout DIR"
-        if readout.banked and not banked:
-            partners = []
-            if readout.vote_neighbours:
-                partners.append(f"the vote of its {readout.vote_neighbours} nearest example-bank examples")
-            if readout.lexical_weight is not None:
-                partners.append("a text classifier trained on its example bank")
-            if readout.encoder is not None:
-                partners.append("an embedding classifier trained on its example bank")
-            return (
-                f"the readout of {where} adds {' and '.join(partners)}, and no bank serves this question; "
-                "serve one with --example-bank"
-            )
-        if readout.lexical_weight is not None and schema not in self._lexical:
-            return f"the readout of {where} has no lexical classifier: its readouts were loaded without its bank"
-        if readout.encoder is not None and schema not in self._dense:
-            return (
-                f"the readout of {where} adds an embedding classifier of the sentence encoder {readout.encoder}: "
-                f"serve that encoder (--encoder {readout.encoder}) and its bank"
-            )
-        if readout.features == "hidden+logits" and not self.hidden_states:
-            return (
-                f"the readout of {where} reads hidden states, which a remote engine does not return; "
-                "fit one with `slotread fit --features logits` for this server"
-            )
-        return None
-
-
-def fit_dense(readout: Readout, bank: ExampleBank, path: Path, embed: Embed) -> EmbeddingClassifier:
-    """The embedding classifier of ``readout`` (from ``path``), fitted on the served ``bank``; logs the time,
-    and warns when the bank's size differs from the one the readout was fitted with."""
-    started = time.perf_counter()
-    try:
-        classifier = bank_embedding_classifier(bank, embed)
-    except ValueError as exc:
-        raise ExampleBankError(f"{bank.source}: cannot fit the embedding classifier of {path}: {exc}") from None
-    logger.info(
-        "the embedding classifier of %s: %d examples in %.1f s", path.name, len(bank), time.perf_counter() - started
-    )
-    if len(bank) != readout.encoder_examples:
-        logger.warning(
-            "%s was fitted with a bank of %d examples; %s serves %d: its encoder weight may not fit",
-            path,
-            readout.encoder_examples,
-            bank.source,
-            len(bank),
-        )
-    return classifier
-
-
-def fit_lexical(readout: Readout, bank: ExampleBank, path: Path) -> TextClassifier:
-    """The lexical classifier of ``readout`` (from ``path``), fitted on the served ``bank``; logs the time,
-    and warns when the bank's size differs from the one the readout was fitted with."""
-    started = time.perf_counter()
-    try:
-        classifier = bank_classifier(bank)
-    except ValueError as exc:
-        raise ExampleBankError(f"{bank.source}: cannot fit the lexical classifier of {path}: {exc}") from None
-    logger.info(
-        "the lexical classifier of %s: fitted on %d examples of %s in %.1f s",
-        path.name,
-        len(bank),
-        bank.source,
-        time.perf_counter() - started,
-    )
-    if len(bank) != readout.lexical_examples:
-        logger.warning(
-            "%s was fitted with a bank of %d examples; %s serves %d: its lexical weight may not fit",
-            path,
-            readout.lexical_examples,
-            bank.source,
-            len(bank),
-        )
-    return classifier

@@ -2,22 +2,23 @@
 
 The data is an evaluation ``Dataset`` (a built-in split or a labelled file with its question), as for
 ``slotread calibrate``, and each item is asked the request ``slotread eval`` sends for it with
-``x_readout`` on, so the readout's schema is the one the evaluation asks. Steps:
+``x_readout`` on, so the readout's schema is the one the evaluation asks. Like ``slotread calibrate``'s
+``quality.calibration.train`` it reads through the ``Decider``, above the rest of ``quality``. Steps:
 
-1. refuse data that overlaps the evaluation data (``exclude``; or drop those items), then keep at most
-   ``per_class`` items of each class (seeded);
+1. refuse data that overlaps the evaluation data (``exclude``, ``eval.training.refuse_overlap``; or
+   drop those items), then keep at most ``per_class`` items of each class (seeded);
 2. read every item once (its draws on a noisy model), ``batch_size`` items per engine call
    (``core.decide.read_each``), keeping each read's label logits and slot hidden state;
 3. split the items, stratified by class and seeded, into a training part and ``holdout`` share; when
    that share would hold fewer than ``MIN_HELD_OUT`` items (few labels), cross-fit instead: every item
    is held out once, its scores from a head fitted on the other ``CROSS_FOLDS`` − 1 folds;
-4. fit the logistic head (``quality.logistic``) on the training reads for each L2 strength given
-   and keep the one with the lowest held-out NLL (cross-fitting: refit on every item), then fit its
-   temperature on the held-out items (``quality.fusion.fit_fusion``, shrunk toward T = 1 and unit
-   weights by a prior worth ``PRIOR_ITEMS`` items); with ``vote``, ``lexical`` or ``encoder``, the
+4. fit the logistic head (``logistic``) on the training reads for each L2 strength given and keep
+   the one with the lowest held-out NLL (cross-fitting: refit on every item), then fit its
+   temperature on the held-out items (``fusion.fit_fusion``, shrunk toward T = 1 and unit weights by
+   a prior worth ``PRIOR_ITEMS`` items); with ``vote``, ``lexical`` or ``encoder``, the
    temperature and the partners' weights together, on a bank of all the data (before per-class
    sampling): each held-out item's vote without the item's own text, its lexical and embedding
-   classifiers' q̃ cross-fitted (``quality.lexical.cross_fitted``, ``quality.dense``);
+   classifiers' q̃ cross-fitted (``quality.examples.lexical.cross_fitted``, ``quality.examples.dense``);
 5. report held-out accuracy, NLL and ECE of the readout beside the plain read (the label softmax)
    on the same items (with partners, also the head alone and each partner alone), with the accuracy's
    95% half-width; ``metrics["trusted"]`` is 0 when they rest on fewer than ``TRUSTED_ITEMS`` items.
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,6 @@ import numpy as np
 from tqdm import tqdm
 
 from slotread.api.systemone import parse_request, to_decision
-from slotread.calibrate import drop_overlap as overlap_dropped
-from slotread.calibrate import refuse_overlap
 from slotread.core.aggregate import softmax
 from slotread.core.decide import read_each
 from slotread.decider import Decider
@@ -46,17 +45,19 @@ from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, per_class_sample
 from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import build_request, option_names
+from slotread.eval.training import drop_overlap as overlap_dropped
+from slotread.eval.training import refuse_overlap
 from slotread.models.encoder import SentenceEncoder
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.artifact import schema_hash
-from slotread.quality.calibration import mean_nll
-from slotread.quality.dense import cross_fitted_dense
-from slotread.quality.examples import ExampleBank
-from slotread.quality.fusion import fit_fusion
-from slotread.quality.lexical import FOLDS as LEXICAL_FOLDS
-from slotread.quality.lexical import cross_fitted
-from slotread.quality.logistic import LogisticHead, fit_logistic
-from slotread.quality.readout import Features, Readout, read_features
+from slotread.quality.calibration.methods import mean_nll
+from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.dense import cross_fitted_dense
+from slotread.quality.examples.lexical import FOLDS as LEXICAL_FOLDS
+from slotread.quality.examples.lexical import cross_fitted
+from slotread.quality.readouts.fusion import fit_fusion
+from slotread.quality.readouts.logistic import LogisticHead, fit_logistic
+from slotread.quality.readouts.readout import Features, Readout, read_features
 
 #: L2 strengths tried by default (on standardised features, per item of the mean loss).
 L2_GRID = (1e-3, 1e-2, 1e-1)
@@ -64,7 +65,7 @@ L2_GRID = (1e-3, 1e-2, 1e-1)
 MIN_HELD_OUT = 200
 #: ... in this many folds.
 CROSS_FOLDS = 5
-#: The prior that keeps T and the partners' weights near 1, in items (``quality.fusion``). With 8 per
+#: The prior that keeps T and the partners' weights near 1, in items (``quality.readouts.fusion``). With 8 per
 #: class on TREC-6 (10 held out) the unshrunk fit ran to T = 0.095 and both weights to the cap.
 PRIOR_ITEMS = 20.0
 #: Held-out figures from fewer items are flagged (``metrics["trusted"]`` = 0, a warning in ``slotread fit``).
@@ -159,22 +160,23 @@ def fit_readout(
 ) -> ReadoutFit:
     """Fit the readout of ``data``'s question (the module docstring's steps); ``request_fields`` are read
     options such as ``x_seed`` or ``x_samples`` (the draws a noisy model reads per item). ``layout``
-    renders the reads (default: the model family's, as plain reads; see ``quality.readout``).
+    renders the reads (default: the model family's, as plain reads; see ``quality.readouts.readout``).
     ``drop_overlap`` drops the items that ``exclude`` holds instead of refusing the data (BANKING77's
     train split repeats 7 of its test messages). ``vote`` > 0 fits a readout that adds the label vote
-    of that many nearest example-bank examples (``quality.readout``); ``lexical`` one that adds a TF-IDF +
-    logistic regression classifier trained on the bank (``quality.lexical``); ``encoder`` one that adds a
-    logistic regression on that sentence encoder's embeddings of the bank (``quality.dense``). Each is
+    of that many nearest example-bank examples (``quality.readouts.readout``); ``lexical`` one that adds a TF-IDF +
+    logistic regression classifier trained on the bank (``quality.examples.lexical``); ``encoder`` one that adds a
+    logistic regression on that sentence encoder's embeddings of the bank (``quality.examples.dense``). Each is
     served with a bank (and the encoder).
 
-    Raises InvalidRequest (nothing is read) for data that overlaps ``exclude``, without items, or read
-    options x_readout refuses; ValueError for a holdout share outside (0, 1), a negative ``vote``
-    or an engine that returns no hidden states for a "hidden+logits" readout.
+    Raises InvalidRequest, before anything is read, for data that overlaps ``exclude`` or has no items,
+    read options x_readout refuses, a holdout share outside (0, 1), a negative ``vote`` or an engine that
+    returns no hidden states for a "hidden+logits" readout; and after reading, for items too few to
+    split or a bank whose classifiers cannot be cross-fitted (a training part with one option).
     """
     if not 0 < holdout < 1:
-        raise ValueError(f"the holdout share must be between 0 and 1, got {holdout}")
+        raise InvalidRequest.at(["holdout"], f"the holdout share must be between 0 and 1, got {holdout}")
     if vote < 0:
-        raise ValueError(f"the vote's neighbours must not be negative, got {vote}")
+        raise InvalidRequest.at(["vote"], f"the vote's neighbours must not be negative, got {vote}")
     dropped = 0
     if exclude is not None:
         if drop_overlap:
@@ -190,7 +192,8 @@ def fit_readout(
     if decision.samples == "auto":
         raise InvalidRequest.at(["x_samples"], "'auto' reads items unevenly; fit with a number of samples")
     if features == "hidden+logits" and not decider.readouts.hidden_states:
-        raise ValueError("this engine returns no hidden states (a remote engine): fit with features 'logits'")
+        msg = "this engine returns no hidden states (a remote engine): fit with features 'logits'"
+        raise InvalidRequest.at(["features"], msg)
     (question,) = decision.questions
     bank = None
     if (
@@ -210,13 +213,14 @@ def fit_readout(
     if cross:
         head_folds = min(CROSS_FOLDS, len(gold))
         if head_folds < 2:
-            raise ValueError(f"{len(gold)} items are too few to cross-fit")
+            raise InvalidRequest.at(["data"], f"{len(gold)} items are too few to cross-fit")
         fold = cross_folds(gold, head_folds, seed)
         train, held = np.arange(len(gold)), np.arange(len(gold))
     else:
         train, held = holdout_split(gold, holdout, seed)
     if len(train) == 0 or len(held) == 0:
-        raise ValueError(f"{len(gold)} items leave nothing to train on or to hold out at share {holdout}")
+        msg = f"{len(gold)} items leave nothing to train on or to hold out at share {holdout}"
+        raise InvalidRequest.at(["data"], msg)
 
     def rows(items: np.ndarray) -> np.ndarray:  # every read of the items, (items · R, d)
         states = None if features == "logits" or hidden is None else hidden[items].reshape(-1, hidden.shape[-1])
@@ -256,13 +260,15 @@ def fit_readout(
         folds = min(LEXICAL_FOLDS, len(held))
         with tqdm(total=folds, desc="cross-fitting the lexical classifier", unit="fold", disable=not progress) as bar:
             states = [data.items[i].state for i in held]
-            partners["lexical"] = cross_fitted(bank, states, folds, bar.update)
+            partners["lexical"] = _cross_fit("lexical", bank, lambda: cross_fitted(bank, states, folds, bar.update))
         lexical_seconds = time.perf_counter() - lexical_started
     if bank is not None and encoder is not None:
         folds = min(LEXICAL_FOLDS, len(held))
         with tqdm(total=folds, desc="cross-fitting the embedding classifier", unit="fold", disable=not progress) as bar:
             states = [data.items[i].state for i in held]
-            partners["encoder"] = cross_fitted_dense(bank, states, encoder.embed, folds, bar.update)
+            embed = encoder.embed
+            dense = _cross_fit("embedding", bank, lambda: cross_fitted_dense(bank, states, embed, folds, bar.update))
+            partners["encoder"] = dense
     temperature, fitted_weights = fit_fusion(scores, list(partners.values()), gold[held], PRIOR_ITEMS)
     weights = dict(zip(partners, fitted_weights, strict=True))
     fused = scores / temperature  # the readout's logits on the held-out items, (held, R, n)
@@ -329,3 +335,12 @@ def fit_readout(
         },
     )
     return ReadoutFit(readout, metrics)
+
+
+def _cross_fit(name: str, bank: ExampleBank, fit: Callable[[], np.ndarray]) -> np.ndarray:
+    """``fit()``, a partner's cross-fitted distributions; InvalidRequest when a fold's part of ``bank``
+    is left with one option (the classifier's ValueError)."""
+    try:
+        return fit()
+    except ValueError as exc:
+        raise InvalidRequest.at(["data"], f"cannot cross-fit the {name} classifier on {bank.source}: {exc}") from None
