@@ -32,7 +32,10 @@ ALLOWED = {
     "serve": {"api", "decider", "engines", "models", "settings"},
     # evaluation drives the public API: the Decider and the System One wire format; example banks
     # (quality.examples) it builds from train splits for the Decider and votes with (the knn baseline)
-    "eval": {"api", "decider", "quality"},
+    # and runs concurrent decisions through the server's batcher, as the server does (--concurrency)
+    "eval": {"api", "decider", "quality", "serve.batcher"},
+    # the batcher merges concurrent engine calls; it knows the engine contract alone
+    "serve.batcher": {"engines"},
     # the Decider wires a model, its engine and the quality stores behind the System One API
     "decider": {"api", "core", "engines", "models", "prompt", "quality"},
     "settings": {"api", "models"},
