@@ -29,7 +29,7 @@ ALLOWED = {
     "quality.readouts.train": TRAINING,
     "models": {"engines"},
     # the server wires the rest: the Decider, the wire formats, the engine contract, the registry
-    "serve": {"api", "decider", "engines", "models", "settings"},
+    "serve": {"api", "decider", "engines", "models", "serve.batcher", "settings"},
     # evaluation drives the public API: the Decider and the System One wire format; example banks
     # (quality.examples) it builds from train splits for the Decider and votes with (the knn baseline)
     # and runs concurrent decisions through the server's batcher, as the server does (--concurrency)
