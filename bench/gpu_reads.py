@@ -43,10 +43,10 @@ import numpy as np
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig, DynamicCache
 
-from slotread.engines import attention
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
-from slotread.engines.noise import noise_canvas
+from slotread.engines.diffusion_gemma import attention
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.models.shapes import DIFFUSION_GEMMA_26B_A4B, diffusion_gemma_config, random_weights
 

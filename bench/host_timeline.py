@@ -26,7 +26,7 @@ import torch
 from gpu_reads import build, ids
 
 from slotread.engines.base import ReadRequest, Slot
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.models.tiny import tiny_diffusion_gemma
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from slotread.engines import fused, kernels
+from slotread.engines.diffusion_gemma import fused, kernels
 
 HIDDEN, EXPERTS, TOP_K, MOE = 2816, 128, 8, 704
 KV_HEADS, HEAD_DIM, GROUPS = 8, 256, 2
@@ -158,7 +158,7 @@ def flash(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torc
 
 def attention_rows() -> None:
     """Attention parts of the scenarios: the engine's kernel against cuDNN's and flash."""
-    from slotread.engines.attention import MASKED, _aligned
+    from slotread.engines.diffusion_gemma.attention import MASKED, _aligned
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     columns = "efficient µs | cuDNN µs | flash µs | max |Δ out| cuDNN | max |Δ lse| cuDNN"
@@ -217,7 +217,7 @@ def attention_rows() -> None:
 def flash_rows() -> None:
     """The encoder's parts through ``attention.attend_heads`` (flash; the memory-efficient kernel's own
     causal mask at head size 512) against ``attention.attend`` with the masks as biases."""
-    from slotread.engines.attention import MASKED, attend_heads
+    from slotread.engines.diffusion_gemma.attention import MASKED, attend_heads
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     window = 1024
@@ -262,7 +262,7 @@ def biased(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``attention.attend`` over (B, L, H, d) queries and (B, S, kvh, d) keys with a (g * L, S) bias."""
-    from slotread.engines.attention import attend, grouped, ungrouped
+    from slotread.engines.diffusion_gemma.attention import attend, grouped, ungrouped
 
     out, lse = attend(grouped(query, keys.shape[2]), keys.transpose(1, 2), values.transpose(1, 2), bias[None, None])
     return ungrouped(out, query.shape[1]), ungrouped(lse, query.shape[1])

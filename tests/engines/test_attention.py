@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slotread.engines.attention import window_fits
+from slotread.engines.diffusion_gemma.attention import window_fits
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.diffusion_gemma import SHARED_MIN, DiffusionGemmaEngine
-from slotread.engines.noise import noise_canvas
+from slotread.engines.diffusion_gemma.engine import SHARED_MIN, DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.errors import PromptTooLong
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
@@ -68,7 +68,7 @@ class Calls:
     """Counts the calls of one of the engine module's forwards (``encode``, ``encode_decode``) from now on."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-        import slotread.engines.diffusion_gemma as engine_module
+        import slotread.engines.diffusion_gemma.engine as engine_module
 
         self.count = 0
         real = getattr(engine_module, name)

@@ -22,7 +22,7 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 
-from slotread.engines import kernels
+from slotread.engines.diffusion_gemma import kernels
 
 _ACTIVE: ContextVar[bool] = ContextVar("batch_invariant", default=False)
 

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from transformers.models.diffusion_gemma.modeling_diffusion_gemma import DiffusionGemmaDecoderModel
 
-from slotread.engines.attention import MASKED
-from slotread.engines.gemma_forward import Canvases, JointMasks, NewTokens, SharedPart, decode, encode_decode
+from slotread.engines.diffusion_gemma.attention import MASKED
+from slotread.engines.diffusion_gemma.forward import decode, encode_decode
+from slotread.engines.diffusion_gemma.inputs import Canvases, JointMasks, NewTokens, SharedPart
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     StableAndConfidentStoppingCriteria,
 )
 
-from slotread.engines.denoise import Schedule, sampled
+from slotread.engines.diffusion_gemma.denoise import Schedule, sampled
 
 
 def diffusion_thought(
