@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from helpers import percentile
 
 WORDS = [
     "account",
@@ -378,11 +379,6 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], args: argparse.Namespace) -> str:
