@@ -354,7 +354,10 @@ def test_isolated_questions_defer_their_states_into_one_joint_forward(
     assert joint.count == 1
     for request, one in zip(requests, together, strict=True):
         assert max_difference(one, DiffusionGemmaEngine(model).read([request])[0]) <= 1e-5
-        assert max_difference(one, DiffusionGemmaEngine(model, fast=FastPaths(joint_encode=False)).read([request])[0]) <= 1e-5
+        assert (
+            max_difference(one, DiffusionGemmaEngine(model, fast=FastPaths(joint_encode=False)).read([request])[0])
+            <= 1e-5
+        )
 
 
 def test_segments_of_different_lengths_share_one_encoder_forward(
