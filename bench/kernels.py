@@ -1,4 +1,4 @@
-"""The Triton kernels of ``slotread/engines/kernels.py`` against the torch ops they replace, on one GPU.
+"""The Triton kernels of ``slotread/engines/diffusion_gemma/kernels.py`` against the torch ops they replace, on one GPU.
 
     PYTHONPATH=. python bench/kernels.py [--configs]
 
@@ -8,7 +8,7 @@ joint forward, padded), 4,096 and 8,192 (64 and 128 canvases). Prints, per kerne
 median time of each path, its achieved memory bandwidth (bytes it must move / time) and the largest
 difference between the two. ``--configs`` also times the grouped GEMM's candidate tile shapes.
 
-Then attention as ``engines/attention.py`` calls it (the memory-efficient kernel, with the engine's
+Then attention as ``engines/diffusion_gemma/attention.py`` calls it (the memory-efficient kernel, with the engine's
 additive bias) against cuDNN's fused attention with the same bias and, where no bias is needed,
 the flash kernel: the parts of (a)-(d) that dominate their attention time.
 """
@@ -43,7 +43,7 @@ def timed(fn: Callable[..., object], *args: object, iterations: int = 30) -> flo
 
 def routed(tokens: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random top-k routing: the expert-order ``inverse`` of each copy, the per-expert ``offsets``
-    and the copies' token index in expert order, as ``gemma_forward._experts`` builds them."""
+    and the copies' token index in expert order, as ``layer._experts`` builds them."""
     index = torch.rand(tokens, EXPERTS, generator=generator).topk(TOP_K, dim=-1).indices.cuda()
     flat = index.reshape(-1)
     order = torch.argsort(flat)

@@ -83,7 +83,7 @@ class ReadRequest:
     returns none). ``images``: the images whose handles the prompt holds (engines with a ``vision``).
     ``steps`` > 1 (DiffusionGemma only) denoises the canvas that many decoder steps,
     the ``pinned`` positions held at their given tokens (None: every position but the slots), and reads
-    the last step (``engines/denoise.py``).
+    the last step (``engines/diffusion_gemma/denoise.py``).
     """
 
     prompt: tuple[tuple[int, ...], ...]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -33,14 +34,7 @@ pytestmark = [
 
 LAYERS = int(os.environ.get("SLOTREAD_GPU_LAYERS", "2"))
 #: every fast path off: the reference road
-REFERENCE = FastPaths(
-    cuda_graphs=False,
-    joint_encode=False,
-    cudnn_attention=False,
-    flash_attention=False,
-    triton_kernels=False,
-    compiled=False,
-)
+REFERENCE = FastPaths(**{field.name: False for field in fields(FastPaths)})
 
 Prompt = tuple[tuple[int, ...], ...]
 

@@ -226,9 +226,7 @@ class DiffusionGemmaEngine:
         def encode_wave(rows: kv_schedule.Rows) -> dict[Ids, PrefixKV]:
             encoded: dict[Ids, PrefixKV] = {}
             for group in kv_schedule.encoder_batches(rows, self.max_encode_tokens):
-                starts = [rows[prefix][0] for prefix in group]
-                parents = [rows[prefix][1] for prefix in group]
-                for prefix, kv in zip(group, self._encode_rows(group, starts, parents, features), strict=True):
+                for prefix, kv in zip(group, self._encode_rows(group, rows, features), strict=True):
                     self.prefix_cache.put(prefix, kv)
                     encoded[prefix] = kv
             return encoded
@@ -237,18 +235,16 @@ class DiffusionGemmaEngine:
         return found, deferred
 
     def _encode_rows(
-        self,
-        prefixes: list[Ids],
-        starts: list[int],
-        parents: list[PrefixKV | None],
-        features: dict[int, torch.Tensor] | None = None,
+        self, group: list[Ids], rows: kv_schedule.Rows, features: dict[int, torch.Tensor]
     ) -> list[PrefixKV]:
-        """Encode ``prefix[start:]`` of each row continuing its parent's KV (rows sharing a parent
-        adjacent; all rows have one or none), with ``features`` for the images' handles; returns each
-        whole prefix's KV."""
-        new = self._new_tokens(prefixes, starts, parents, features)
+        """Encode each prefix of ``group`` after its parent's end, continuing the parent's KV (``rows``;
+        rows sharing a parent adjacent, all with one or none), with ``features`` for the images'
+        handles; returns each whole prefix's KV."""
+        starts = [rows[prefix][0] for prefix in group]
+        parents = [rows[prefix][1] for prefix in group]
+        new = self._new_tokens(group, starts, parents, features)
         layers = encode(self._encoder, self._layer_types, self._shape.window, new)
-        lengths = [len(p) - s for p, s in zip(prefixes, starts, strict=True)]
+        lengths = [len(p) - s for p, s in zip(group, starts, strict=True)]
         return assemble.kv_entries(parents, layers, lengths, self._shape)
 
     def _joint_slot_logits(

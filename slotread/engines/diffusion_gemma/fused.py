@@ -3,7 +3,7 @@
 In eager mode each of these is several passes over the activations in float32 (an RMSNorm is six);
 at 64 canvases they were a third of a decoder step on an H200. ``torch.compile`` fuses the norms
 into one kernel each; the attention merge and the expert combine, which it compiled into kernels
-5-10x slower than their memory time, are hand-written Triton kernels (``engines/kernels.py``). The
+5-10x slower than their memory time, are hand-written Triton kernels (``kernels.py``). The
 functions are plain torch, so on a CPU (and wherever compilation fails, e.g. without Triton) they
 run eagerly with the same maths; the float32 tests run them that way.
 """
