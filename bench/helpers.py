@@ -1,6 +1,7 @@
 """What the benchmarks share: the 26B-A4B shape with random weights on a GPU, random ids, the library's
 own read as a transformers user writes it (the baseline the GPU benchmark times, and the reference the
-GPU tests, tests/gpu, compare the engine with), timing batches, and one percentile.
+GPU tests, tests/gpu, compare the engine with), timing batches, one percentile, and ``slotread``
+server processes (started, awaited, stopped).
 
 The scripts import this module and no other script: ``python bench/NAME.py`` finds it beside them,
 ``PYTHONPATH=.`` finds it as ``bench.helpers`` (the GPU tests).
@@ -8,9 +9,16 @@ The scripts import this module and no other script: ``python bench/NAME.py`` fin
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig, DynamicCache
 
@@ -125,3 +133,48 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A ``slotread`` subcommand as its own process (in its own session, so it can be stopped whole)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "slotread.cli", *command],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, path: str = "/readyz") -> None:
+    """Wait until ``url`` + ``path`` answers 200 (20 minutes at most); stop the run if the process exits."""
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}{path}", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"the server was not ready in time:\n{log.read_text()[-3000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop a process ``start`` started, and its children: SIGTERM, then SIGKILL after a minute."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)

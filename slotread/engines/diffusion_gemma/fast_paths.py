@@ -29,11 +29,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.diffusion_gemma import kernels
+
+if (
+    TYPE_CHECKING
+):  # fused.py imports this module: it must not load the model's code (bench/kernels.py imports fused alone)
+    from transformers import DiffusionGemmaForBlockDiffusion
 
 logger = logging.getLogger(__name__)
 
