@@ -23,26 +23,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from gpu_reads import build, ids
+from helpers import build, ids
 
 from slotread.engines.base import ReadRequest, Slot
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma import assemble, read_plan
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.models.tiny import tiny_diffusion_gemma
 
-ENGINE_PHASES = [
-    "_check",
-    "_encode_all",
-    "_joint_chunks",
-    "_joint_slot_logits",
-    "_new_tokens",
-    "_canvases",
-    "_joint_masks",
-    "_shared_parts",
-    "_entries",
-    "_head_at_slots",
-    "_scored",
-]
+ENGINE_PHASES = ["_check", "_encode_all", "_joint_slot_logits", "_new_tokens", "_canvases", "_head_at_slots", "_scored"]
+#: the functions the engine calls through its planning and assembling modules
+MODULE_PHASES = {read_plan: ["joint_chunks"], assemble: ["joint_masks", "shared_parts", "kv_entries"]}
 GRAPH_PHASES = ["encode_decode", "_replay", "_capture"]
 CACHE_PHASES = ["get", "put"]
 REPLAY = "graphs._replay"
@@ -119,6 +110,9 @@ def main() -> None:
     timeline = Timeline()
     for name in ENGINE_PHASES:
         timeline.wrap(engine, name, name)
+    for module, names in MODULE_PHASES.items():
+        for name in names:
+            timeline.wrap(module, name, module.__name__.rsplit(".", 1)[-1] + "." + name)
     if engine._graphs is not None:
         for name in GRAPH_PHASES:
             timeline.wrap(engine._graphs, name, "graphs." + name)

@@ -1,4 +1,4 @@
-"""The Triton kernels of ``slotread/engines/kernels.py`` against the torch ops they replace, on one GPU.
+"""The Triton kernels of ``slotread/engines/diffusion_gemma/kernels.py`` against the torch ops they replace, on one GPU.
 
     PYTHONPATH=. python bench/kernels.py [--configs]
 
@@ -8,7 +8,7 @@ joint forward, padded), 4,096 and 8,192 (64 and 128 canvases). Prints, per kerne
 median time of each path, its achieved memory bandwidth (bytes it must move / time) and the largest
 difference between the two. ``--configs`` also times the grouped GEMM's candidate tile shapes.
 
-Then attention as ``engines/attention.py`` calls it (the memory-efficient kernel, with the engine's
+Then attention as ``engines/diffusion_gemma/attention.py`` calls it (the memory-efficient kernel, with the engine's
 additive bias) against cuDNN's fused attention with the same bias and, where no bias is needed,
 the flash kernel: the parts of (a)-(d) that dominate their attention time.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from slotread.engines import fused, kernels
+from slotread.engines.diffusion_gemma import fused, kernels
 
 HIDDEN, EXPERTS, TOP_K, MOE = 2816, 128, 8, 704
 KV_HEADS, HEAD_DIM, GROUPS = 8, 256, 2
@@ -43,7 +43,7 @@ def timed(fn: Callable[..., object], *args: object, iterations: int = 30) -> flo
 
 def routed(tokens: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random top-k routing: the expert-order ``inverse`` of each copy, the per-expert ``offsets``
-    and the copies' token index in expert order, as ``gemma_forward._experts`` builds them."""
+    and the copies' token index in expert order, as ``layer._experts`` builds them."""
     index = torch.rand(tokens, EXPERTS, generator=generator).topk(TOP_K, dim=-1).indices.cuda()
     flat = index.reshape(-1)
     order = torch.argsort(flat)
@@ -158,7 +158,7 @@ def flash(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torc
 
 def attention_rows() -> None:
     """Attention parts of the scenarios: the engine's kernel against cuDNN's and flash."""
-    from slotread.engines.attention import MASKED, _aligned
+    from slotread.engines.diffusion_gemma.attention import MASKED, _aligned
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     columns = "efficient µs | cuDNN µs | flash µs | max |Δ out| cuDNN | max |Δ lse| cuDNN"
@@ -217,7 +217,7 @@ def attention_rows() -> None:
 def flash_rows() -> None:
     """The encoder's parts through ``attention.attend_heads`` (flash; the memory-efficient kernel's own
     causal mask at head size 512) against ``attention.attend`` with the masks as biases."""
-    from slotread.engines.attention import MASKED, attend_heads
+    from slotread.engines.diffusion_gemma.attention import MASKED, attend_heads
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     window = 1024
@@ -262,7 +262,7 @@ def biased(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``attention.attend`` over (B, L, H, d) queries and (B, S, kvh, d) keys with a (g * L, S) bias."""
-    from slotread.engines.attention import attend, grouped, ungrouped
+    from slotread.engines.diffusion_gemma.attention import attend, grouped, ungrouped
 
     out, lse = attend(grouped(query, keys.shape[2]), keys.transpose(1, 2), values.transpose(1, 2), bias[None, None])
     return ungrouped(out, query.shape[1]), ungrouped(lse, query.shape[1])

@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from helpers import percentile
 
 MESSAGES = [
     "My card still hasn't arrived after two weeks and I need it to pay rent on Friday.",
@@ -82,13 +82,6 @@ async def client_loop(client: httpx.AsyncClient, index: int, stop_at: float, tal
             tally.refusals_without_retry_after += 1
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation."""
-    if not values:
-        return float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
-
-
 async def run(url: str, clients: int, seconds: float, api_key: str | None, timeout: float) -> Tally:
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -118,7 +111,7 @@ def main() -> None:
     print("| decisions/s | p50 ms | p95 ms | p99 ms | max ms |")
     print("|---:|---:|---:|---:|---:|")
     latencies = [1000 * s for s in tally.latencies]
-    cells = [percentile(latencies, q) for q in (50, 95, 99)]
+    cells = [percentile(latencies, q) for q in (0.5, 0.95, 0.99)]
     worst = max(latencies, default=float("nan"))
     print(f"| {done / elapsed:.2f} | {cells[0]:.0f} | {cells[1]:.0f} | {cells[2]:.0f} | {worst:.0f} |\n")
     print("| status | count |")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serve_load import free_port, start, stop, wait_ready
+from helpers import free_port, start, stop, wait_ready
 
 from slotread.eval.datasets import load_dataset, subset
 from slotread.eval.runner import build_request

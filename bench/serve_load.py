@@ -44,7 +44,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from helpers import free_port, percentile, start, stop, wait_ready
 
 WORDS = [
     "account",
@@ -336,53 +336,6 @@ def client_main(args: argparse.Namespace) -> None:
 
 
 # --- the server processes and the table -------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """A ``slotread`` subcommand as its own process (in its own session, so it can be stopped whole)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "slotread.cli", *command],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, path: str = "/readyz") -> None:
-    deadline = time.monotonic() + 1200
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}{path}", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"the server was not ready in time:\n{log.read_text()[-3000:]}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], args: argparse.Namespace) -> str:

@@ -22,7 +22,7 @@ from slotread.api.read_modes import model_problems, read_modes
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine, vision_of
 from slotread.engines.causal import CausalEngine
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine

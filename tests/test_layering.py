@@ -90,7 +90,7 @@ def test_layers_import_one_way() -> None:
 
 #: third-party packages the model-side layers may import: they run without the server's dependencies
 #: (httpx: the remote engine's client; triton: the GPU kernels, shipped with torch's CUDA builds and
-#: imported only where installed, engines/kernels.py)
+#: imported only where installed, engines/diffusion_gemma/kernels.py)
 MODEL_SIDE = {"core", "prompt", "engines", "quality"}
 MODEL_SIDE_PACKAGES = {"numpy", "torch", "transformers", "httpx", "triton"}
 #: and those a layer may import inside a function only, where a feature that needs them runs

@@ -13,7 +13,7 @@ Three ways in, all checked here and refused with a 422 located at the image:
 Formats: PNG, JPEG and WebP, recognised by their signatures (a declared content type is not
 trusted). Limits (``ImageLimits``, from the server's settings): images per request, bytes per file
 and decoded pixels per image; below the pixel cap the model's own image processor resizes each image
-to its budget (``engines/vision.py``).
+to its budget (``engines/diffusion_gemma/vision.py``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Literal
 from slotread.core.images import Image
 
 # the limits of Decision.steps and Decision.think, re-exported for the api
-from slotread.engines.denoise import MAX_STEPS as MAX_STEPS
+from slotread.engines.diffusion_gemma.denoise import MAX_STEPS as MAX_STEPS
 from slotread.engines.thought import MAX_THOUGHT_TOKENS as MAX_THOUGHT_TOKENS
 from slotread.prompt.render import SolvedExample
 

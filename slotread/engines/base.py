@@ -83,7 +83,7 @@ class ReadRequest:
     returns none). ``images``: the images whose handles the prompt holds (engines with a ``vision``).
     ``steps`` > 1 (DiffusionGemma only) denoises the canvas that many decoder steps,
     the ``pinned`` positions held at their given tokens (None: every position but the slots), and reads
-    the last step (``engines/denoise.py``).
+    the last step (``engines/diffusion_gemma/denoise.py``).
     """
 
     prompt: tuple[tuple[int, ...], ...]
@@ -115,6 +115,20 @@ class HashedIds(tuple[int, ...]):
         except AttributeError:
             self._hash = tuple.__hash__(self)
             return self._hash
+
+
+def check_slots(index: int, request: ReadRequest, vocab: int, *, end_ok: bool = False) -> None:
+    """Refuse request ``index`` if an engine cannot read its slots: it has none, one lies outside the
+    canvas (``end_ok``: the position just past its end is inside, as for a causal read, which feeds
+    nothing from its slot on), or one's label ids are none or not all below ``vocab``. A caller's bug,
+    so ``ValueError``."""
+    if not request.slots:
+        raise ValueError(f"request {index}: no slots")
+    for slot in request.slots:
+        if not 0 <= slot.position < len(request.canvas) + end_ok:
+            raise ValueError(f"request {index}: slot position {slot.position} outside the canvas")
+        if not slot.label_ids or not all(0 <= i < vocab for i in slot.label_ids):
+            raise ValueError(f"request {index}: label ids must be 1+ ids below {vocab}")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.base import Family, ReadRequest, SlotScores, check_slots
 from slotread.engines.causal_thought import greedy_thoughts
 from slotread.engines.prefix_cache import PrefixCache, PrefixKV
 from slotread.engines.scores import OutputHead, score_slots, with_hidden
@@ -291,21 +291,14 @@ class CausalEngine:
 
     def _fed_ids(self, index: int, request: ReadRequest) -> Ids:
         """The ids a read feeds (``prompt + canvas[:p]``), after checking the request."""
-        if not request.slots:
-            raise ValueError(f"request {index}: no slots")
+        check_slots(index, request, self._vocab, end_ok=True)
         positions = sorted({slot.position for slot in request.slots})
         if len(positions) > 1:
             raise ValueError(
                 f"request {index}: slots at positions {positions}; a causal read feeds nothing from its "
                 "slot on, so a later slot would need an earlier slot's token as input"
             )
-        position = positions[0]
-        if not 0 <= position <= len(request.canvas):
-            raise ValueError(f"request {index}: slot position {position} outside the canvas")
-        for slot in request.slots:
-            if not slot.label_ids or not all(0 <= i < self._vocab for i in slot.label_ids):
-                raise ValueError(f"request {index}: label ids must be 1+ ids below {self._vocab}")
-        fed = request.prompt_ids + request.canvas[:position]
+        fed = request.prompt_ids + request.canvas[: positions[0]]
         if not fed:
             raise ValueError(f"request {index}: nothing to feed before the slot")
         if len(fed) > self.max_tokens:

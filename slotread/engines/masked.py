@@ -45,7 +45,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
-from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.base import Family, ReadRequest, SlotScores, check_slots
 from slotread.engines.scores import OutputHead, score_slot_rows, with_hidden
 from slotread.errors import ModelLoadError, PromptTooLong
 
@@ -203,16 +203,11 @@ class MaskedEngine:
 
     def _row(self, index: int, request: ReadRequest) -> _Row:
         """The ids a read feeds (``prompt + canvas``, slots masked) and its read positions, after checks."""
-        if not request.slots:
-            raise ValueError(f"request {index}: no slots")
+        check_slots(index, request, self._vocab)
         start = len(request.prompt_ids)
         ids = [*request.prompt_ids, *request.canvas]
         reads = []
         for slot in request.slots:
-            if not 0 <= slot.position < len(request.canvas):
-                raise ValueError(f"request {index}: slot position {slot.position} outside the canvas")
-            if not slot.label_ids or not all(0 <= i < self._vocab for i in slot.label_ids):
-                raise ValueError(f"request {index}: label ids must be 1+ ids below {self._vocab}")
             ids[start + slot.position] = self.adapter.mask_id
             read = start + slot.position + self.adapter.read_offset
             if not 0 <= read < len(ids):

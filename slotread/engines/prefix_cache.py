@@ -11,6 +11,9 @@ from collections import OrderedDict
 
 import torch
 
+#: one tensor per layer
+Layers = tuple[torch.Tensor, ...]
+
 
 class PrefixKV:
     """Per-layer keys and values of one encoded prefix, each (1, kv_heads, tokens, head_dim).
@@ -22,20 +25,14 @@ class PrefixKV:
     ``nbytes`` is the joined size either way.
     """
 
-    def __init__(self, keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]) -> None:
+    def __init__(self, keys: Layers, values: Layers) -> None:
         self._keys, self._values = keys, values
         self._lengths = tuple(k.shape[-2] for k in keys)
         self._bytes_per_token = tuple(k.shape[1] * k.shape[-1] * k.element_size() * 2 for k in keys)  # keys + values
         self._pending: tuple[_Join, int] | None = None
 
     @classmethod
-    def joined(
-        cls,
-        parent: PrefixKV | None,
-        keys: tuple[torch.Tensor, ...],
-        values: tuple[torch.Tensor, ...],
-        keep: tuple[int, ...],
-    ) -> list[PrefixKV]:
+    def joined(cls, parent: PrefixKV | None, keys: Layers, values: Layers, keep: tuple[int, ...]) -> list[PrefixKV]:
         """One entry per row of new tokens with ``keys``/``values`` (B, kvh, N, d) per layer, each
         ``parent``'s tokens then its own, each layer keeping its last ``keep`` tokens."""
         held = parent._lengths if parent is not None else (0,) * len(keys)
@@ -49,12 +46,12 @@ class PrefixKV:
         return entries
 
     @property
-    def keys(self) -> tuple[torch.Tensor, ...]:
+    def keys(self) -> Layers:
         self._join()
         return self._keys
 
     @property
-    def values(self) -> tuple[torch.Tensor, ...]:
+    def values(self) -> Layers:
         self._join()
         return self._values
 
@@ -78,22 +75,16 @@ class PrefixKV:
 class _Join:
     """The joined KV of rows continuing one parent, computed once for all of them."""
 
-    def __init__(
-        self,
-        parent: PrefixKV | None,
-        keys: tuple[torch.Tensor, ...],
-        values: tuple[torch.Tensor, ...],
-        lengths: tuple[int, ...],
-    ) -> None:
-        self._inputs: tuple[PrefixKV | None, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = (
+    def __init__(self, parent: PrefixKV | None, keys: Layers, values: Layers, lengths: tuple[int, ...]) -> None:
+        self._inputs: tuple[PrefixKV | None, Layers, Layers] | None = (
             parent,
             keys,
             values,
         )
         self._lengths = lengths
-        self._result: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] = ((), ())
+        self._result: tuple[Layers, Layers] = ((), ())
 
-    def result(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    def result(self) -> tuple[Layers, Layers]:
         if self._inputs is not None:
             parent, keys, values = self._inputs
             old_keys = parent.keys if parent is not None else (None,) * len(keys)

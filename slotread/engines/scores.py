@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from slotread.engines import invariant
 from slotread.engines.base import Slot, SlotScores
+from slotread.engines.diffusion_gemma import invariant
 
 
 @dataclass(frozen=True)

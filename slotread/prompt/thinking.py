@@ -2,7 +2,7 @@
 
 DiffusionGemma has a thought channel: a plain read's prompt ends with the empty block
 ``<|channel>thought\\n<channel|>``. Thinking opens the channel instead (the prompt ends at
-``<|channel>thought\\n``), the model writes into it (``engines.diffusion_thought``), and the read's
+``<|channel>thought\\n``), the model writes into it (``engines.diffusion_gemma.thought``), and the read's
 prompt is the opened channel, the thought and ``<channel|>``; the canvas is unchanged.
 
 A causal chat model without a thinking mode in its template (Qwen2.5, SmolLM2) is asked to reason in

@@ -13,7 +13,7 @@ from slotread.core.decide import decide
 from slotread.core.images import Image
 from slotread.core.questions import Condition, Decision, Option, Question
 from slotread.engines.base import ReadRequest, SlotScores
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.errors import InvalidRequest
 from slotread.models.load import LoadedModel
 from slotread.prompt.render import Renderer

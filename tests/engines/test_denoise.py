@@ -18,9 +18,9 @@ from transformers import DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
 
 from slotread.engines.base import ReadRequest, Slot
-from slotread.engines.denoise import sampler_seed
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
-from slotread.engines.noise import noise_canvas
+from slotread.engines.diffusion_gemma.denoise import sampler_seed
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 
 VOCAB = GEMMA4_VOCAB_SIZE

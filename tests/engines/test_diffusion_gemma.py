@@ -14,8 +14,9 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.diffusion_gemma import SHARED_MIN, DiffusionGemmaEngine
-from slotread.engines.noise import noise_canvas
+from slotread.engines.diffusion_gemma.engine import SHARED_MIN, DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.fast_paths import FastPaths
+from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.errors import PromptTooLong
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
@@ -68,7 +69,7 @@ class Calls:
     """Counts the calls of one of the engine module's forwards (``encode``, ``encode_decode``) from now on."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-        import slotread.engines.diffusion_gemma as engine_module
+        import slotread.engines.diffusion_gemma.engine as engine_module
 
         self.count = 0
         real = getattr(engine_module, name)
@@ -291,7 +292,7 @@ def test_new_states_encoded_with_their_canvases_read_as_in_two_forwards(
         for q, canvas in enumerate((4, 6, 3))
     ]
     engines = {
-        joint: DiffusionGemmaEngine(model, max_canvases=max_canvases, shared_min=8, joint_encode=joint)
+        joint: DiffusionGemmaEngine(model, max_canvases=max_canvases, shared_min=8, fast=FastPaths(joint_encode=joint))
         for joint in (True, False)
     }
     for engine in engines.values():
@@ -353,7 +354,10 @@ def test_isolated_questions_defer_their_states_into_one_joint_forward(
     assert joint.count == 1
     for request, one in zip(requests, together, strict=True):
         assert max_difference(one, DiffusionGemmaEngine(model).read([request])[0]) <= 1e-5
-        assert max_difference(one, DiffusionGemmaEngine(model, joint_encode=False).read([request])[0]) <= 1e-5
+        assert (
+            max_difference(one, DiffusionGemmaEngine(model, fast=FastPaths(joint_encode=False)).read([request])[0])
+            <= 1e-5
+        )
 
 
 def test_segments_of_different_lengths_share_one_encoder_forward(
@@ -362,7 +366,7 @@ def test_segments_of_different_lengths_share_one_encoder_forward(
     """Middle segments of 41 and 42 tokens (one length bucket) are encoded in one encoder forward."""
     schema = ids(30)
     requests = [ReadRequest((schema, ids(n), ids(5)), ids(4), (Slot(3, ids(3)),), seed=n) for n in (41, 42)]
-    engine = DiffusionGemmaEngine(model, joint_encode=False)
+    engine = DiffusionGemmaEngine(model, fast=FastPaths(joint_encode=False))
     engine.read([ReadRequest((schema,), ids(4), (Slot(0, ids(3)),))])  # caches the schema
     encodes = Calls(monkeypatch, "encode")
     together = engine.read(requests)

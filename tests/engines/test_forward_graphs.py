@@ -10,11 +10,13 @@ import pytest
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from slotread.engines.attention import MASKED
 from slotread.engines.base import ReadRequest, Slot
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
-from slotread.engines.forward_graphs import _pad_states, bucket, length_bucket, padded
-from slotread.engines.gemma_forward import Canvases, JointMasks, NewTokens, SharedPart, _visible_runs, encode_decode
+from slotread.engines.diffusion_gemma.attention import MASKED
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.forward import encode_decode
+from slotread.engines.diffusion_gemma.graphs import _pad_states, bucket, length_bucket, padded
+from slotread.engines.diffusion_gemma.inputs import Canvases, JointMasks, NewTokens, SharedPart
+from slotread.engines.diffusion_gemma.layer_attention import visible_runs
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 
 
@@ -98,5 +100,5 @@ def test_visible_runs_find_each_states_window_in_the_flat_new_tokens() -> None:
     padded_window = torch.tensor([MASKED, 0.0, 0.0, 0.0, 0.0, MASKED])  # 1..4, then padding
     own = torch.stack([window, window, window, padded_window])  # canvases 0-2 read row 0, canvas 3 row 1
     states = torch.tensor([0, 3, 4, 4], dtype=torch.int32)  # row 2 (padding) has no canvases
-    starts, counts = _visible_runs(own, states)
+    starts, counts = visible_runs(own, states)
     assert starts.tolist()[:3] == [2, new + 1, 2 * new] and counts.tolist() == [4, 4, 0]

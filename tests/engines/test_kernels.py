@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 CHECKS = r"""
 import json
 import torch
-from slotread.engines import fused, kernels
+from slotread.engines.diffusion_gemma import fused, kernels
 
 torch.manual_seed(0)
 worst = {}

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.engines.causal import CausalEngine
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.thought import ThoughtRequest
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 from tests.engines.test_causal import CONFIGS

@@ -20,8 +20,8 @@ from slotread.core.decide import question_text
 from slotread.core.images import Image, place_images
 from slotread.core.questions import Option, Question
 from slotread.engines.base import ReadRequest, SlotScores
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
-from slotread.engines.noise import noise_canvas
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.models.load import LoadedModel, load_model
 from slotread.prompt.render import Renderer
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from slotread.decider import Decider
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.eval.datasets import load_dataset, subset
 from slotread.eval.runner import build_request
 from slotread.models.load import LoadedModel, load_model

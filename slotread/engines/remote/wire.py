@@ -65,8 +65,8 @@ from typing import Any
 import numpy as np
 
 from slotread.engines.base import Family, ReadRequest, Slot, SlotScores
-from slotread.engines.denoise import MAX_STEPS
-from slotread.engines.noise import noise_canvas
+from slotread.engines.diffusion_gemma.denoise import MAX_STEPS
+from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.errors import UnknownModel, WireError
 
 #: vLLM's cap on ``logprob_token_ids`` per request

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.diffusion_gemma import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.remote.engine import RemoteEngine
 from slotread.engines.remote.wire import completion_bodies
 from slotread.errors import ModelLoadError

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.noise import noise_canvas
+from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.engines.remote.wire import (
     MAX_LOGPROB_TOKEN_IDS,
     CompletionRead,

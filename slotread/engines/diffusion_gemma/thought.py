@@ -30,7 +30,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     StableAndConfidentStoppingCriteria,
 )
 
-from slotread.engines.denoise import Schedule, sampled
+from slotread.engines.diffusion_gemma.denoise import Schedule, sampled
 from slotread.engines.thought import ThoughtRequest
 
 #: Rows per batch: a step holds a few (rows, canvas, vocabulary) float32 logits, 268 MB per row and

@@ -11,7 +11,7 @@ Profiles on an H200 (bench/RESULTS.md, bench/kernels.py) found:
   once per block of 16 rows: 1.1-1.4x faster up to ~16 rows per expert, slower beyond.
 
 Each kernel computes a row from that row's inputs only, in a fixed order: results do not depend on
-the batch around a row, and there are no atomics. The batch-invariant forward (``engines/invariant.py``)
+the batch around a row, and there are no atomics. The batch-invariant forward (``invariant.py``)
 adds three made for that alone, with tiles fixed whatever the shape: ``linear`` (the projections),
 ``tiled_grouped`` (the experts, each expert's rows in parallel tiles) and ``attend`` (attention with
 its log-sum-exp, keys in fixed blocks from the first). On an H200 they made a deterministic batch of
@@ -287,21 +287,10 @@ def merge_two(
     batch, heads, queries, dim = first.shape
     out = first.new_empty(first.shape)
     if out.numel():
-        _merge_kernel[(batch * heads * queries,)](
-            out,
-            first,
-            first_lse,
-            second,
-            second_lse,
-            heads,
-            queries,
-            dim,
-            *first.stride()[:3],
-            *first_lse.stride(),
-            *second.stride()[:3],
-            *second_lse.stride(),
-            BLOCK=triton.next_power_of_2(dim),
-            num_warps=2,
+        strides = (*first.stride()[:3], *first_lse.stride(), *second.stride()[:3], *second_lse.stride())
+        grid, block = (batch * heads * queries,), triton.next_power_of_2(dim)
+        _merge_kernel[grid](
+            out, first, first_lse, second, second_lse, heads, queries, dim, *strides, BLOCK=block, num_warps=2
         )
     return out
 
@@ -327,19 +316,8 @@ def grouped(
     out = rows.new_empty((rows.shape[0], n_out))
     block_n, block_k, stages, warps = config or (WIDE_CONFIG if n_in >= 2048 else NARROW_CONFIG)
     grid = (experts, triton.cdiv(n_out, block_n))
-    _grouped_kernel[grid](
-        out,
-        rows.contiguous(),
-        weight.contiguous(),
-        offsets,
-        n_out,
-        n_in,
-        BLOCK_M=16,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_stages=stages,
-        num_warps=warps,
-    )
+    tiles = {"BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps}
+    _grouped_kernel[grid](out, rows.contiguous(), weight.contiguous(), offsets, n_out, n_in, **tiles)
     return out
 
 
@@ -359,19 +337,8 @@ def linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     block_m, block_n, block_k, stages, warps = LINEAR_CONFIG
     if m_rows:
         grid = (triton.cdiv(m_rows, block_m), triton.cdiv(n_out, block_n))
-        _linear_kernel[grid](
-            out,
-            rows,
-            weight,
-            m_rows,
-            n_out,
-            n_in,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_K=block_k,
-            num_stages=stages,
-            num_warps=warps,
-        )
+        tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps}
+        _linear_kernel[grid](out, rows, weight, m_rows, n_out, n_in, **tiles)
     return out
 
 
@@ -400,33 +367,10 @@ def attend(
     wide = dim > 256  # the full layers' 512: smaller tiles keep the float32 accumulator in registers
     block_q, block_s = (16, 32) if wide else (32, 64)
     grid = (triton.cdiv(queries, block_q), batch * heads)
-    _attention_kernel[grid](
-        out,
-        lse,
-        query,
-        keys,
-        values,
-        bias,
-        queries,
-        length,
-        heads,
-        dim,
-        query.stride(0),
-        query.stride(1),
-        query.stride(2),
-        keys.stride(0),
-        keys.stride(1),
-        keys.stride(2),
-        values.stride(0),
-        values.stride(1),
-        values.stride(2),
-        *bias_strides,
-        HAS_BIAS=has_bias,
-        BLOCK_Q=block_q,
-        BLOCK_S=block_s,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        num_warps=4,
-    )
+    strides = (*query.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *bias_strides)
+    blocks = {"BLOCK_Q": block_q, "BLOCK_S": block_s, "BLOCK_D": max(16, triton.next_power_of_2(dim))}
+    tensors, sizes = (out, lse, query, keys, values, bias), (queries, length, heads, dim)
+    _attention_kernel[grid](*tensors, *sizes, *strides, HAS_BIAS=has_bias, **blocks, num_warps=4)
     return out, lse
 
 

@@ -24,7 +24,8 @@ from functools import cache
 
 import torch
 
-from slotread.engines import fused, invariant, kernels
+from slotread.engines.diffusion_gemma import fused, invariant, kernels
+from slotread.engines.diffusion_gemma.fast_paths import taken
 
 #: Large negative bias for masked keys: finite, so a row whose keys are all masked in one part gives
 #: an LSE near -1e30 and weight 0 in the merge instead of NaN.
@@ -39,7 +40,7 @@ def attend(
     query (B, kvh, Q, d), keys/values (B, kvh, S, d), bias (B, 1, 1, S) or (B, 1, Q, S) float with
     0 for visible keys and ``MASKED`` for hidden ones, or None. Returns the output (B, kvh, Q, d) in
     the query's dtype and the log-sum-exp (B, kvh, Q) in float32. On a GPU a fused kernel computes
-    it (cuDNN's where ``USE_CUDNN`` and the head size allow, else the memory-efficient one; in a
+    it (cuDNN's where ``FastPaths.cudnn_attention`` and the head size allow, else the memory-efficient one; in a
     batch-invariant forward ``kernels.attend``); on a CPU, these matmuls in float32.
     """
     if keys.shape[-2] == 0:  # nothing to attend to: weight 0 in the merge
@@ -50,7 +51,7 @@ def attend(
         return kernels.attend(query, keys, values, bias)
     if query.is_cuda and _fused_ok(query.shape[-1]):
         fused_bias = None if bias is None else _aligned(bias, query.dtype).expand(*query.shape[:3], -1)
-        if USE_CUDNN and query.dtype in (torch.bfloat16, torch.float16) and _cudnn_ok(query.shape[-1]):
+        if taken().cudnn_attention and query.dtype in (torch.bfloat16, torch.float16) and _cudnn_ok(query.shape[-1]):
             out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
                 query, keys, values, fused_bias, True, 0.0, False, False, scale=1.0
             )
@@ -82,19 +83,8 @@ def attend_heads(
     window at 8 x 1,600 tokens 1.7 -> 0.5 ms per layer).
     """
     if query.shape[-1] <= FLASH_MAX_HEAD_DIM:
-        out, lse, *_ = torch.ops.aten._flash_attention_forward(
-            query,
-            keys,
-            values,
-            None,
-            None,
-            query.shape[1],
-            keys.shape[1],
-            0.0,
-            causal,
-            False,
-            scale=1.0,
-            window_size_left=left,
+        out, lse = _flash(
+            query, keys, values, (None, None, query.shape[1], keys.shape[1]), causal, window_size_left=left
         )
         return out, lse.transpose(1, 2)
     groups = query.shape[2] // keys.shape[2]
@@ -128,31 +118,37 @@ def attend_runs(
 
     Many canvases reading the new tokens of their own state read them in place this way, with no
     gather of each canvas's keys and no bias for the padding or the window."""
-    out, lse, *_ = torch.ops.aten._flash_attention_forward(
-        query,
-        keys,
-        values,
-        query_starts,
-        key_starts,
-        max_queries,
-        max_keys,
-        0.0,
-        False,
-        False,
-        scale=1.0,
-        seqused_k=key_counts,
-    )
+    runs = (query_starts, key_starts, max_queries, max_keys)
+    out, lse = _flash(query, keys, values, runs, False, seqused_k=key_counts)
     return out, lse.transpose(0, 1)
+
+
+def _flash(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    runs: tuple[torch.Tensor | None, torch.Tensor | None, int, int],
+    causal: bool,
+    **options: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash attention's forward at scale 1, without dropout: the output and the LSE. ``runs``: where the
+    query and key runs start (None: one run per batch row) and their longest lengths; ``options``: the
+    window or the keys each run uses."""
+    query_starts, key_starts, max_queries, max_keys = runs
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        query, keys, values, query_starts, key_starts, max_queries, max_keys, 0.0, causal, False, scale=1.0, **options
+    )
+    return out, lse
 
 
 def heads_ok(query: torch.Tensor, keys: torch.Tensor, causal: bool, left: int | None) -> bool:
     """Whether ``attend_heads`` runs these inputs here (and ``attend_runs``, asked with ``causal``
-    False and ``left`` None): bfloat16 or half on a GPU with ``USE_FLASH``;
+    False and ``left`` None): bfloat16 or half on a GPU with ``FastPaths.flash_attention``;
     flash up to head size 256 where ``window_fits``; above that, causal without a window over as
     many keys as queries. Never in a batch-invariant forward (flash splits the keys by batch size)."""
     if invariant.active(query):
         return False
-    if not (USE_FLASH and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)):
+    if not (taken().flash_attention and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)):
         return False
     if query.shape[-1] <= FLASH_MAX_HEAD_DIM:
         return window_fits(query.shape[1], keys.shape[1], causal, left) and _flash_ok(query.shape[-1])
@@ -194,16 +190,14 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     return first
 
 
-#: cuDNN's fused attention for bfloat16 and half up to head size 256, where it beats the memory-efficient
-#: kernel on an H200 (bench/kernels.py: 3.5x without a bias, 1.5x with one; slower at the full
-#: layers' 512). Results agree within bfloat16 rounding. False: the memory-efficient kernel everywhere.
-USE_CUDNN = True
+#: cuDNN's fused attention (``FastPaths.cudnn_attention``) for bfloat16 and half up to this head size,
+#: where it beats the memory-efficient kernel on an H200 (bench/kernels.py: 3.5x without a bias, 1.5x
+#: with one; slower at the full layers' 512). Results agree within bfloat16 rounding.
 CUDNN_MAX_HEAD_DIM = 256
 
-#: Flash attention (``attend_heads``) for the encoder's causal and windowed parts, bfloat16 or half,
-#: head size up to 256. False: the encoder's attention goes through ``attend`` with its masks as biases
-#: (the reference that bench/gpu_reads.py compares flash with).
-USE_FLASH = True
+#: Flash attention (``attend_heads``, ``FastPaths.flash_attention``) for the encoder's causal and
+#: windowed parts, bfloat16 or half, up to this head size. Off: the encoder's attention goes through
+#: ``attend`` with its masks as biases (the reference that tests/gpu compares flash with).
 FLASH_MAX_HEAD_DIM = 256
 
 

@@ -3,7 +3,7 @@
 In eager mode each of these is several passes over the activations in float32 (an RMSNorm is six);
 at 64 canvases they were a third of a decoder step on an H200. ``torch.compile`` fuses the norms
 into one kernel each; the attention merge and the expert combine, which it compiled into kernels
-5-10x slower than their memory time, are hand-written Triton kernels (``engines/kernels.py``). The
+5-10x slower than their memory time, are hand-written Triton kernels (``kernels.py``). The
 functions are plain torch, so on a CPU (and wherever compilation fails, e.g. without Triton) they
 run eagerly with the same maths; the float32 tests run them that way.
 """
@@ -17,7 +17,8 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
-from slotread.engines import kernels
+from slotread.engines.diffusion_gemma import kernels
+from slotread.engines.diffusion_gemma.fast_paths import taken
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ _compiler_failed = False
 
 
 def _fused(fn: Callable[P, T]) -> Callable[P, T]:
-    """``fn`` compiled (dynamic shapes) when its first argument is on a GPU, eager otherwise.
+    """``fn`` compiled (dynamic shapes) when its first argument is on a GPU (``FastPaths.compiled``),
+    eager otherwise.
 
     Compiled on first use: importing the compiler costs seconds a CPU-only process never needs.
     """
@@ -39,7 +41,7 @@ def _fused(fn: Callable[P, T]) -> Callable[P, T]:
         global _compiler_failed
         nonlocal compiled
         first = args[0]
-        if not _compiler_failed and isinstance(first, torch.Tensor) and first.is_cuda:
+        if not _compiler_failed and isinstance(first, torch.Tensor) and first.is_cuda and taken().compiled:
             try:
                 compiled = compiled or torch.compile(fn, dynamic=True)
                 return compiled(*args, **kwargs)
@@ -124,7 +126,7 @@ def merge_two(
     first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
 ) -> torch.Tensor:
     """Attention over the union of two key sets from each set's output (…, Q, d) and LSE (…, Q)."""
-    if first.is_cuda and kernels.AVAILABLE:
+    if first.is_cuda and kernels.AVAILABLE and taken().triton_kernels:
         return kernels.merge_two(first, first_lse, second, second_lse)
     return merge_two_torch(first, first_lse, second, second_lse)
 
@@ -145,7 +147,7 @@ def combine(rows: torch.Tensor, weights: torch.Tensor, inverse: torch.Tensor, to
     """Each token's sum over its top-k expert outputs, weighted, in ``rows``' dtype: ``rows`` (S, h) in
     expert order, ``weights`` (S,) in token order (token t's k-th at ``t * top_k + k``), ``inverse``
     (S,) the expert-order row of each (token, k) copy."""
-    if rows.is_cuda and kernels.AVAILABLE:
+    if rows.is_cuda and kernels.AVAILABLE and taken().triton_kernels:
         return kernels.combine(rows, weights, inverse, top_k)
     return combine_torch(rows, weights, inverse, top_k)
 

@@ -5,7 +5,7 @@ tiling, and with it the order of their float sums, by the shape of the whole bat
 (split reductions for few rows), flash attention (it splits the keys when the batch is small), the
 fused attention kernels (tiles by size). Inside ``batch_invariant()`` the DiffusionGemma forward
 sends the projections (``linear``), the experts and attention to Triton kernels with fixed tiles
-(``engines/kernels.py``), whose per-row sums run in one order whatever the batch, and the engine
+(``kernels.py``), whose per-row sums run in one order whatever the batch, and the engine
 lays out each read's attention parts the same way alone and in a batch (``DiffusionGemmaEngine``'s
 ``deterministic``). The norms, rotary and residual steps are per-row already.
 
@@ -22,7 +22,7 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 
-from slotread.engines import kernels
+from slotread.engines.diffusion_gemma import kernels
 
 _ACTIVE: ContextVar[bool] = ContextVar("batch_invariant", default=False)
 

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from transformers.models.diffusion_gemma.modeling_diffusion_gemma import DiffusionGemmaDecoderModel
 
-from slotread.engines.attention import MASKED
-from slotread.engines.gemma_forward import Canvases, JointMasks, NewTokens, SharedPart, decode, encode_decode
+from slotread.engines.diffusion_gemma.attention import MASKED
+from slotread.engines.diffusion_gemma.forward import decode, encode_decode
+from slotread.engines.diffusion_gemma.inputs import Canvases, JointMasks, NewTokens, SharedPart
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class ForwardGraphs:
         self.captures = 0  # graphs captured so far (the server's benchmark counts those under traffic)
 
     def decode(self, canvases: Canvases) -> torch.Tensor | None:
-        """``gemma_forward.decode`` for canvases that all read one shared part and nothing else; (B, C, H)."""
+        """``forward.decode`` for canvases that all read one shared part and nothing else; (B, C, H)."""
         (part,) = canvases.shared
         rows = canvases.tokens.shape[0]
         padded = bucket(rows)
@@ -85,7 +86,7 @@ class ForwardGraphs:
     def encode_decode(
         self, new: NewTokens, canvases: Canvases, own_rows: torch.Tensor, masks: JointMasks
     ) -> tuple[KV, torch.Tensor] | None:
-        """``gemma_forward.encode_decode`` for new tokens that all continue one parent, which is also
+        """``forward.encode_decode`` for new tokens that all continue one parent, which is also
         the canvases' one shared part, through the graph of its bucket (``padded``)."""
         (rows, length), canvas_rows = new.tokens.shape, canvases.tokens.shape[0]
         new, canvases, own_rows, masks = padded(new, canvases, own_rows, masks)

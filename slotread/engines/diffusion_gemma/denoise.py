@@ -42,7 +42,8 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
 )
 
 from slotread.engines.base import ReadRequest
-from slotread.engines.gemma_forward import Canvases, OwnPrompt, decode
+from slotread.engines.diffusion_gemma.forward import decode
+from slotread.engines.diffusion_gemma.inputs import Canvases, OwnPrompt
 from slotread.engines.scores import OutputHead
 
 #: The most denoise steps a read may take (the example server's and the API's cap).
