@@ -3,7 +3,7 @@
 An engine that can think generates up to ``max_tokens`` tokens after a prompt that opens the model's
 reasoning (``prompt.thinking`` builds it), stopping at the first of ``stop_ids``, which is left out of
 the thought. The causal engine generates greedily (``causal_thought``); DiffusionGemma denoises block
-after block as the library generates (``diffusion_thought``), drawing from a generator seeded by
+after block as the library generates (``diffusion_gemma.thought``), drawing from a generator seeded by
 ``seed``. The thought is then put in the read's prompt or reply, and every draw of the read follows it.
 """
 
