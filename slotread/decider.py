@@ -17,7 +17,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
 from slotread.api.bank_file import read_bank
-from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
+from slotread.api.images import ImageLimits
 from slotread.api.read_modes import model_problems, read_modes
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine, vision_of
@@ -31,18 +31,20 @@ from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, 
 from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
-from slotread.models.registry import DEFAULT_MODEL
-from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.answering import decide_calibrated
 from slotread.quality.examples import ExampleBank, ExampleBanks
 from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
+from slotread.settings import DeciderSettings
 
 logger = logging.getLogger(__name__)
 
 #: Model names a request may give besides the served model's own name.
 MODEL_ALIASES = ("jev-latest",)
+#: the defaults of the Decider's keyword arguments, written once in ``settings`` (without the environment)
+DEFAULTS = DeciderSettings.model_construct()
+DEFAULT_DTYPE: torch.dtype = getattr(torch, DEFAULTS.dtype)
 
 
 #: canvases (rows) of one forward on a GPU, where a forward of 100 costs little more than one of 10
@@ -126,26 +128,26 @@ class Decider:
 
     def __init__(
         self,
-        model: str | LoadedModel = DEFAULT_MODEL,
+        model: str | LoadedModel = DEFAULTS.model,
         *,
         upstreams: Sequence[str] = (),
-        upstream_timeout_s: float = 5.0,
-        health_interval_s: float = 2.0,
+        upstream_timeout_s: float = DEFAULTS.upstream_timeout_s,
+        health_interval_s: float = DEFAULTS.health_interval_s,
         cache_dir: Path | None = None,
-        device: str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        device: str = DEFAULTS.device,
+        dtype: torch.dtype = DEFAULT_DTYPE,
         prefix_cache_bytes: int | None = None,
         max_batch: int | None = None,
-        deterministic: bool = False,
-        max_questions: int = systemone.DEFAULT_MAX_QUESTIONS,
-        max_samples: int = systemone.DEFAULT_MAX_SAMPLES,
-        max_options: int = MAX_CHOICE_OPTIONS,
-        max_permutations: int = systemone.DEFAULT_MAX_PERMUTATIONS,
+        deterministic: bool = DEFAULTS.deterministic,
+        max_questions: int = DEFAULTS.max_questions,
+        max_samples: int = DEFAULTS.max_samples,
+        max_options: int = DEFAULTS.max_options,
+        max_permutations: int = DEFAULTS.max_permutations,
         max_prompt_tokens: int | None = None,
         calibration_dir: Path | None = None,
         example_banks: Sequence[ExampleBank] = (),
         readout_dir: Path | None = None,
-        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+        image_limits: ImageLimits = DEFAULTS.image_limits,
         encoder: str | SentenceEncoder | None = None,
     ) -> None:
         if upstreams:
@@ -201,6 +203,33 @@ class Decider:
             self.close()
             raise
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
+
+    @classmethod
+    def from_settings(cls, settings: DeciderSettings) -> Decider:
+        """The Decider ``settings`` describe (``slotread decide``, ``slotread serve``), its example banks read
+        from their files."""
+        return cls(
+            settings.model,
+            upstreams=settings.upstreams,
+            upstream_timeout_s=settings.upstream_timeout_s,
+            health_interval_s=settings.health_interval_s,
+            cache_dir=settings.cache_dir,
+            device=settings.device,
+            dtype=getattr(torch, settings.dtype),
+            prefix_cache_bytes=settings.prefix_cache_bytes,
+            max_batch=settings.max_batch,
+            deterministic=settings.deterministic,
+            max_questions=settings.max_questions,
+            max_samples=settings.max_samples,
+            max_permutations=settings.max_permutations,
+            max_options=settings.max_options,
+            max_prompt_tokens=settings.max_prompt_tokens,
+            calibration_dir=settings.calibration_dir,
+            readout_dir=settings.readout_dir,
+            example_banks=[read_example_bank(path) for path in settings.example_banks],
+            image_limits=settings.image_limits,
+            encoder=settings.encoder,
+        )
 
     def close(self) -> None:
         """Release what the engine holds beyond memory: a remote engine's health checks and connections."""
