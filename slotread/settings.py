@@ -265,6 +265,14 @@ class EvalSettings(DataSettings):
     #: a sentence encoder: with shortlist and no examples or bank, shortlists come from meaning
     encoder: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset_and_out(cls, values: Any) -> Any:
+        # one message for both: ``eval compare`` and ``eval table`` take neither, so argparse cannot require them
+        if isinstance(values, dict) and not (values.get("dataset") and values.get("out")):
+            raise SettingsError("--dataset and --out are required")
+        return values
+
     @model_validator(mode="after")
     def _a_baseline_reads_no_options(self) -> EvalSettings:
         if self.baseline and self.shuffle_options is not None:
