@@ -208,27 +208,14 @@ class Decider:
     def from_settings(cls, settings: DeciderSettings) -> Decider:
         """The Decider ``settings`` describe (``slotread decide``, ``slotread serve``), its example banks read
         from their files."""
+        converted = {"model", "dtype", "example_banks", "max_images", "max_image_bytes", "max_image_pixels"}
+        same = {name: getattr(settings, name) for name in DeciderSettings.model_fields if name not in converted}
         return cls(
             settings.model,
-            upstreams=settings.upstreams,
-            upstream_timeout_s=settings.upstream_timeout_s,
-            health_interval_s=settings.health_interval_s,
-            cache_dir=settings.cache_dir,
-            device=settings.device,
             dtype=getattr(torch, settings.dtype),
-            prefix_cache_bytes=settings.prefix_cache_bytes,
-            max_batch=settings.max_batch,
-            deterministic=settings.deterministic,
-            max_questions=settings.max_questions,
-            max_samples=settings.max_samples,
-            max_permutations=settings.max_permutations,
-            max_options=settings.max_options,
-            max_prompt_tokens=settings.max_prompt_tokens,
-            calibration_dir=settings.calibration_dir,
-            readout_dir=settings.readout_dir,
             example_banks=[read_example_bank(path) for path in settings.example_banks],
             image_limits=settings.image_limits,
-            encoder=settings.encoder,
+            **same,
         )
 
     def close(self) -> None:

@@ -252,14 +252,15 @@ class EvalSettings(DataSettings):
     train: str | None = None
     #: learn from at most this many training items per class (the few-label setting)
     per_class: int | None = None
-    calibration_dir: Path | None = None
-    readout_dir: Path | None = None
-    #: ask a choice question with its options in this seeded random order
-    shuffle_options: int | None = None
     #: x_examples of every request; with the knn baseline, the neighbours that vote
     examples: int = 0
     #: x_shortlist of every request
     shortlist: int = 0
+    #: the calibration artifacts and learned readouts the model's Decider serves (``DeciderSettings``)
+    calibration_dir: Path | None = None
+    readout_dir: Path | None = None
+    #: ask a choice question with its options in this seeded random order
+    shuffle_options: int | None = None
     #: an example bank file instead of one built from the training data
     example_bank: Path | None = None
     #: a sentence encoder: with shortlist and no examples or bank, shortlists come from meaning

@@ -14,13 +14,16 @@ if TYPE_CHECKING:
     from slotread.quality.artifact import Calibration
 
 
+#: the subcommand's line in ``slotread --help``, and the head of its own help
+HELP = "fit one question's calibration (temperature, content-free reads, conformal scores) and write it"
+USAGE = (
+    "slotread calibrate --dataset NAME [--split S] [--limit N] [--balance] "
+    "[--exclude NAME --exclude-split S] --out FILE"
+)
+
+
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    calibrate = commands.add_parser(
-        "calibrate",
-        help="fit one question's calibration (temperature, content-free reads, conformal scores) and write it",
-        description="slotread calibrate --dataset NAME [--split S] [--limit N] [--balance] "
-        "[--exclude NAME --exclude-split S] --out FILE",
-    )
+    calibrate = commands.add_parser("calibrate", help=HELP, description=USAGE)
     add_model_flags(calibrate, CalibrateSettings)
     calibrate.add_argument(
         "--dataset", required=True, help="banking77, clinc150, sst5, boolq, or a labelled .jsonl/.csv file to fit on"

@@ -16,15 +16,17 @@ from slotread.cli.flags import (
 )
 from slotread.settings import EvalSettings
 
+#: the subcommand's line in ``slotread --help``, and the head of its own help
+HELP = "measure a model (or the TF-IDF baseline) on a labelled dataset; compare runs"
+USAGE = (
+    "slotread eval --dataset NAME --out DIR [--model M | --baseline tfidf | --baseline knn] "
+    "[--examples K] [--shortlist K] [--example-bank FILE]; "
+    "slotread eval compare RUN_A RUN_B; slotread eval table RUN..."
+)
+
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    evaluate = commands.add_parser(
-        "eval",
-        help="measure a model (or the TF-IDF baseline) on a labelled dataset; compare runs",
-        description="slotread eval --dataset NAME --out DIR [--model M | --baseline tfidf | --baseline knn] "
-        "[--examples K] [--shortlist K] [--example-bank FILE]; "
-        "slotread eval compare RUN_A RUN_B; slotread eval table RUN...",
-    )
+    evaluate = commands.add_parser("eval", help=HELP, description=USAGE)
     system = evaluate.add_mutually_exclusive_group()
     add_model_flag(system, EvalSettings)
     system.add_argument(

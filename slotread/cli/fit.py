@@ -26,15 +26,18 @@ if TYPE_CHECKING:
 ALONE = ("head", "vote", "lexical", "encoder")
 
 
+#: the subcommand's line in ``slotread --help``, and the head of its own help
+HELP = "fit a learned readout (a small head on the model's slot read) for one question schema"
+USAGE = (
+    "slotread fit --model M (--dataset NAME [--split S] | --data FILE --questions Q.json) "
+    "[--exclude NAME] --out DIR. Reads the labelled items once, trains a logistic head on the slot's "
+    "hidden state and label log-probabilities, fits its temperature on a held-out share, prints the "
+    "held-out accuracy and ECE, and writes <model>.<schema>.readout.json and .npz into DIR."
+)
+
+
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fit = commands.add_parser(
-        "fit",
-        help="fit a learned readout (a small head on the model's slot read) for one question schema",
-        description="slotread fit --model M (--dataset NAME [--split S] | --data FILE --questions Q.json) "
-        "[--exclude NAME] --out DIR. Reads the labelled items once, trains a logistic head on the slot's "
-        "hidden state and label log-probabilities, fits its temperature on a held-out share, prints the "
-        "held-out accuracy and ECE, and writes <model>.<schema>.readout.json and .npz into DIR.",
-    )
+    fit = commands.add_parser("fit", help=HELP, description=USAGE)
     add_model_flags(fit, FitSettings)
     source = fit.add_mutually_exclusive_group(required=True)
     source.add_argument("--dataset", help="banking77, clinc150, sst5, or a labelled .jsonl/.csv file to fit on")
@@ -135,23 +138,16 @@ def run(args: argparse.Namespace) -> int:
         from slotread.models.encoder import load_encoder
 
         encoder = load_encoder(settings.encoder, settings.cache_dir, settings.device)
+    passed = {"features", "layout", "holdout", "l2", "drop_overlap", "vote", "lexical", "batch_size", "progress"}
     fit = fit_readout(
         decider,
         data,
-        features=settings.features,
-        layout=settings.layout,
         per_class=settings.per_class or None,
-        holdout=settings.holdout,
         seed=settings.sample_seed,
-        l2=settings.l2,
         request_fields={"x_seed": settings.seed, **settings.request_fields},
         exclude=exclude,
-        drop_overlap=settings.drop_overlap,
-        vote=settings.vote,
-        lexical=settings.lexical,
         encoder=encoder,
-        batch_size=settings.batch_size,
-        progress=settings.progress,
+        **settings.model_dump(include=passed),
     )
     report = FitReport(fit.readout, HeldOut.of(fit.metrics), fit.readout.save(settings.out))
     print(report)

@@ -48,21 +48,15 @@ def evaluate(settings: EvalSettings) -> dict[str, Any]:
     fields |= {"x_shortlist": settings.shortlist} if settings.shortlist else {}
     if settings.readout_dir is not None:
         fields.setdefault("x_readout", True)
+    passed = {"seed", "cache_dir", "device", "dtype", "calibration_dir", "readout_dir", "encoder", "progress"}
     return evaluate_model(
         dataset,
         settings.out,
         settings.model,
-        seed=settings.seed,
         request_fields=fields,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        dtype=settings.dtype,
-        calibration_dir=settings.calibration_dir,
-        readout_dir=settings.readout_dir,
         shuffle_seed=settings.shuffle_options,
         example_bank=bank,
-        encoder=settings.encoder,
-        progress=settings.progress,
+        **settings.model_dump(include=passed),
     )
 
 
