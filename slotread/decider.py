@@ -94,36 +94,15 @@ def read_example_bank(path: Path) -> ExampleBank:
 
 
 class Decider:
-    """Answers System One requests with one model, in process.
+    """Answers System One requests with one model, in process or through remote replicas (``upstreams``).
 
-    ``model`` is a registry name (see ``slotread models list``), a local Hugging Face checkpoint
-    directory, a ``.gguf`` file, or a ``LoadedModel`` built elsewhere (tests, custom models).
-    Weights load in bfloat16 by default: 2-3x faster than float32 on these CPUs' AMX units
-    (bench/cpu_decide.py). ``prefix_cache_bytes`` and ``max_batch`` size the engine, ``deterministic``
-    makes its answers bit-identical in any batch and cache state (``make_engine``).
-    Loading fails with ModelLoadError naming the model and the reason,
-    including a tokenizer that cannot provide the single-token labels slotread reads.
-
-    ``upstreams``: base URLs of ``slotread engine`` or vLLM servers serving ``model`` (by that name).
-    Only the tokenizer is loaded (``device`` and ``dtype`` are the servers' business) and reads go to
-    the replicas (``RemoteEngine``: a read may take ``upstream_timeout_s``, replicas are checked every
-    ``health_interval_s``); ``close`` stops the health checks.
-
-    ``calibration_dir`` holds calibration artifacts (``slotread calibrate``); those of this model are
-    loaded (CalibrationError if one is unreadable), and content-free distributions read while
-    answering ``x_calibration: contextual`` are written back to it. ``readout_dir`` holds learned
-    readouts (``slotread fit``) that requests with ``x_readout`` answer with; with upstreams only
-    those fitted on label logits alone can answer (a remote engine returns no hidden states); a readout
-    with a lexical partner (``slotread fit --lexical``) has its text classifier fitted here, on its
-    schema's bank in ``example_banks``.
-
-    ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
-    read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
-
-    ``image_limits`` bound the images of a request; only a model with a vision tower read in process
-    (DiffusionGemma) takes them (``takes_images``), any other refuses them with a 422 naming it.
-    ``encoder`` (a registry encoder's name, fetched and loaded here, or a loaded one) serves ``x_shortlist``
-    for questions no bank serves: shortlists from meaning (``quality.meaning``), no labels needed.
+    The keyword arguments are ``DeciderSettings``' fields and are documented there (``from_settings``
+    builds a Decider from them); here ``model`` may also be a ``LoadedModel`` built elsewhere (tests,
+    custom models), ``dtype`` is a torch dtype, and ``example_banks`` and ``encoder`` may be loaded ones.
+    Loading raises ModelLoadError naming the model and why (a tokenizer that cannot provide the
+    single-token labels slotread reads included), CalibrationError for an unreadable calibration
+    artifact, ExampleBankError when two banks serve one question schema. ``close`` stops a remote
+    engine's health checks.
     """
 
     def __init__(

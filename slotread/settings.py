@@ -63,7 +63,7 @@ class ModelSettings(BaseSettings):
     cache_dir: Path | None = None
     #: torch device of the weights: "cpu", "cuda", "cuda:1"
     device: str = "cpu"
-    #: dtype of the weights
+    #: dtype of the weights; bfloat16 runs 2-3x faster than float32 on these CPUs' AMX units (bench/cpu_decide.py)
     dtype: Dtype = "bfloat16"
 
     def __init__(self, **values: Any) -> None:
@@ -107,15 +107,17 @@ class EngineSettings(ReadSettings):
 class DeciderSettings(ReadSettings):
     """What a Decider answers with and within which limits (``Decider.from_settings``)."""
 
-    #: base URLs of remote engines (``slotread engine`` or vLLM servers of ``model``); when set, the
-    #: Decider loads only the tokenizer and sends its reads to them. ``SLOTREAD_UPSTREAMS``: comma-separated
+    #: base URLs of remote engines (``slotread engine`` or vLLM servers of ``model``, by that name); when set,
+    #: the Decider loads only the tokenizer (``device`` and ``dtype`` are the replicas' business) and sends
+    #: its reads to them (``RemoteEngine``). ``SLOTREAD_UPSTREAMS``: comma-separated
     upstreams: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: seconds one read may take on the upstreams, retries on other replicas included
     upstream_timeout_s: float = Field(5.0, gt=0)
     #: seconds between health checks of each upstream replica; a 503 for want of replicas says to
     #: retry after this long
     health_interval_s: float = Field(2.0, gt=0)
-    #: images one request may carry (System One ``images`` and ``assets``, OpenAI ``input_image`` parts)
+    #: images one request may carry (System One ``images`` and ``assets``, OpenAI ``input_image`` parts); only
+    #: a model with a vision tower read in process (DiffusionGemma) takes any, others answer a 422
     max_images: int = Field(DEFAULT_IMAGE_LIMITS.count, ge=0, le=64)
     #: bytes of one image file (PNG, JPEG or WebP) as sent
     max_image_bytes: int = Field(DEFAULT_IMAGE_LIMITS.bytes, ge=1024)
@@ -129,14 +131,18 @@ class DeciderSettings(ReadSettings):
     max_options: int = Field(MAX_CHOICE_OPTIONS, ge=2, le=MAX_CHOICE_OPTIONS)
     #: prompt + canvas tokens of one read; None: the model's own limit
     max_prompt_tokens: int | None = Field(None, ge=16)
-    #: a directory of calibration artifacts (``slotread calibrate``); content-free reads are saved there
+    #: a directory of calibration artifacts (``slotread calibrate``); those of the model are loaded, and the
+    #: content-free reads of ``x_calibration: contextual`` are saved there
     calibration_dir: Path | None = None
-    #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with
+    #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with; with
+    #: upstreams only those fitted on label logits alone (a remote engine returns no hidden states). A
+    #: readout with a lexical partner has its classifier fitted at load, on its schema's example bank
     readout_dir: Path | None = None
     #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
     #: x_shortlist and readouts fitted with a vote or a lexical partner
     example_banks: list[Path] = Field(default_factory=list)
-    #: a registry sentence encoder serving x_shortlist from meaning where no bank serves a question
+    #: a registry sentence encoder (fetched and loaded at start) serving x_shortlist from meaning
+    #: (``quality.meaning``, no labels needed) where no bank serves a question
     encoder: str | None = None
 
     @property
@@ -237,7 +243,7 @@ class DataSettings(ModelSettings):
     seed: int = 0
     #: extra request fields of every request (read options such as ``x_samples``)
     request_fields: dict[str, Any] = Field(default_factory=dict)
-    #: draw a progress bar
+    #: draw a progress bar (eval and fit)
     progress: bool = True
 
 
