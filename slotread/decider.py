@@ -36,7 +36,7 @@ from slotread.quality.answering import decide_calibrated
 from slotread.quality.examples import ExampleBank, ExampleBanks
 from slotread.quality.readout import ReadoutStore
 from slotread.quality.store import CalibrationStore
-from slotread.settings import DeciderSettings
+from slotread.settings import GPU_BATCH, DeciderSettings
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,6 @@ DEFAULTS = DeciderSettings.model_construct()
 DEFAULT_DTYPE: torch.dtype = getattr(torch, DEFAULTS.dtype)
 
 
-#: canvases (rows) of one forward on a GPU, where a forward of 100 costs little more than one of 10
-GPU_BATCH = 128
 #: the share of the device memory free after loading that the prefix cache may fill on a GPU (the rest
 #: is for activations and CUDA graphs)
 GPU_CACHE_SHARE = 0.5

@@ -40,15 +40,18 @@ GATEWAY_CONCURRENCY = 16
 #: either way), so many decisions run at once and a queue that deep still answers in time; these
 #: replace the CPU defaults of the fields not set explicitly.
 GPU_DEFAULTS: dict[str, Any] = {"max_concurrency": 32, "queue_size": 256}
+#: canvases (rows) of one forward on a GPU unless ``max_batch`` says otherwise (``decider.make_engine``)
+GPU_BATCH = 128
 #: the address the servers listen on unless told otherwise: this machine only
 LOCALHOST = "127.0.0.1"
 
 
 def _problems(exc: ValidationError) -> str:
     """pydantic's errors as one line: the missing fields named as the CLI's flags, then each other problem."""
-    missing = [f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}" for e in exc.errors() if e["type"] == "missing"]
+    errors = exc.errors()
+    missing = [f"--{error['loc'][0]}".replace("_", "-") for error in errors if error["type"] == "missing"]
     said = [f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required"] if missing else []
-    said += [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors() if e["type"] != "missing"]
+    said += [f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in errors if error["type"] != "missing"]
     return "; ".join(said)
 
 
@@ -89,7 +92,7 @@ class ReadSettings(ModelSettings):
     #: device memory free after loading on a GPU
     prefix_cache_bytes: int | None = Field(None, ge=0)
     #: canvases (rows) of one forward; None: the engine's default on the CPU (causal 1, so an answer is
-    #: bit-identical in any batch; masked 16; DiffusionGemma 32), 128 on a GPU
+    #: bit-identical in any batch; masked 16; DiffusionGemma 32), ``GPU_BATCH`` on a GPU
     max_batch: int | None = Field(None, ge=1, le=4096)
 
 

@@ -11,7 +11,7 @@ from slotread.cli.decide import ENCODER_HELP
 from slotread.cli.flags import add_model_flags, default, settings_of
 from slotread.cli.foreground import stop_cleanly, uvicorn_level
 from slotread.models.shapes import RANDOM_PREFIX
-from slotread.settings import GATEWAY_CONCURRENCY, GPU_DEFAULTS, Settings
+from slotread.settings import GATEWAY_CONCURRENCY, GPU_BATCH, GPU_DEFAULTS, Settings
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
@@ -33,7 +33,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     flag(
         "--max-batch",
         "canvases (rows) of one forward (default on the CPU: 1 for causal models, whose answers are then "
-        "bit-identical in any batch, 16 masked, 32 DiffusionGemma; 128 on a GPU)",
+        f"bit-identical in any batch, 16 masked, 32 DiffusionGemma; {GPU_BATCH} on a GPU)",
         type=int,
     )
     flag(
