@@ -174,27 +174,23 @@ class HeldOut:
     nll: float
     read_seconds: float
     train_seconds: float
-    #: the lexical classifier's cross-fitting, within ``train_seconds``
+    #: seconds the lexical classifier's cross-fitting took (a readout with ``--lexical``)
     lexical_seconds: float | None
 
     @classmethod
     def of(cls, metrics: dict[str, float]) -> HeldOut:
         """The numbers ``fit_readout`` reports."""
         alone = {name: metrics[f"{name}_accuracy"] for name in ALONE if f"{name}_accuracy" in metrics}
+        same = ("accuracy", "accuracy_half_width", "plain_accuracy", "ece", "plain_ece", "nll")
         return cls(
             items=int(metrics["held_out_items"]),
             cross_fitted=bool(metrics["cross_fitted"]),
             trusted=bool(metrics["trusted"]),
-            accuracy=metrics["accuracy"],
-            accuracy_half_width=metrics["accuracy_half_width"],
-            plain_accuracy=metrics["plain_accuracy"],
             alone=alone,
-            ece=metrics["ece"],
-            plain_ece=metrics["plain_ece"],
-            nll=metrics["nll"],
             read_seconds=metrics["read_seconds"],
             train_seconds=metrics["train_seconds"],
             lexical_seconds=metrics.get("lexical_seconds"),
+            **{name: metrics[name] for name in same},
         )
 
     def __str__(self) -> str:
