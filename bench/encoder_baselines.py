@@ -5,7 +5,7 @@ SST-5, and K in 5, 10 and all: the train split's K per class are drawn as ``slot
 draws them (``eval.datasets.per_class_sample``, seed 0), texts the test split also holds left out, and
 every system learns from those alone:
 
-- encoder zero-shot (no labels): the option whose name is nearest the state (``quality.meaning``)
+- encoder zero-shot (no labels): the option whose name is nearest the state (``quality.examples.meaning``)
 - nearest centroid: the class whose mean all-MiniLM-L6-v2 embedding is nearest (cosine)
 - LR on embeddings: ``quality.dense`` (the readout's encoder partner)
 - TF-IDF + LR: ``quality.lexical`` (``slotread eval --baseline tfidf``)

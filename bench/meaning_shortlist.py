@@ -1,7 +1,7 @@
 """What a run of shortlists from meaning is made of: the encoder alone, the model's read, and their product.
 
 Takes a finished ``slotread eval --shortlist K --encoder all-minilm-l6-v2`` run folder (no bank), and
-recomputes each item's encoder distribution q (``quality.meaning``, deterministic). The run's answer
+recomputes each item's encoder distribution q (``quality.examples.meaning``, deterministic). The run's answer
 is Q_S · p_read on the shortlist S and q elsewhere, so the model's read p_read over S is recovered
 exactly as p / Q_S. Reports, on the same items, accuracy ± 95%, ECE and NLL of:
 

@@ -17,7 +17,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from slotread.api import systemone
 from slotread.api.bank_file import read_bank
-from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
+from slotread.api.images import ImageLimits
 from slotread.api.read_modes import model_problems, read_modes
 from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine, vision_of
@@ -31,22 +31,22 @@ from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, 
 from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
-from slotread.models.registry import DEFAULT_MODEL
-from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.answering import decide_calibrated
 from slotread.quality.calibration.store import CalibrationStore
 from slotread.quality.examples.bank import ExampleBank, ExampleBanks
 from slotread.quality.readouts.store import ReadoutStore
+from slotread.settings import GPU_BATCH, DeciderSettings
 
 logger = logging.getLogger(__name__)
 
 #: Model names a request may give besides the served model's own name.
 MODEL_ALIASES = ("jev-latest",)
+#: the defaults of the Decider's keyword arguments, written once in ``settings`` (without the environment)
+DEFAULTS = DeciderSettings.model_construct()
+DEFAULT_DTYPE: torch.dtype = getattr(torch, DEFAULTS.dtype)
 
 
-#: canvases (rows) of one forward on a GPU, where a forward of 100 costs little more than one of 10
-GPU_BATCH = 128
 #: the share of the device memory free after loading that the prefix cache may fill on a GPU (the rest
 #: is for activations and CUDA graphs)
 GPU_CACHE_SHARE = 0.5
@@ -92,60 +92,39 @@ def read_example_bank(path: Path) -> ExampleBank:
 
 
 class Decider:
-    """Answers System One requests with one model, in process.
+    """Answers System One requests with one model, in process or through remote replicas (``upstreams``).
 
-    ``model`` is a registry name (see ``slotread models list``), a local Hugging Face checkpoint
-    directory, a ``.gguf`` file, or a ``LoadedModel`` built elsewhere (tests, custom models).
-    Weights load in bfloat16 by default: 2-3x faster than float32 on these CPUs' AMX units
-    (bench/cpu_decide.py). ``prefix_cache_bytes`` and ``max_batch`` size the engine, ``deterministic``
-    makes its answers bit-identical in any batch and cache state (``make_engine``).
-    Loading fails with ModelLoadError naming the model and the reason,
-    including a tokenizer that cannot provide the single-token labels slotread reads.
-
-    ``upstreams``: base URLs of ``slotread engine`` or vLLM servers serving ``model`` (by that name).
-    Only the tokenizer is loaded (``device`` and ``dtype`` are the servers' business) and reads go to
-    the replicas (``RemoteEngine``: a read may take ``upstream_timeout_s``, replicas are checked every
-    ``health_interval_s``); ``close`` stops the health checks.
-
-    ``calibration_dir`` holds calibration artifacts (``slotread calibrate``); those of this model are
-    loaded (CalibrationError if one is unreadable), and content-free distributions read while
-    answering ``x_calibration: contextual`` are written back to it. ``readout_dir`` holds learned
-    readouts (``slotread fit``) that requests with ``x_readout`` answer with; with upstreams only
-    those fitted on label logits alone can answer (a remote engine returns no hidden states); a readout
-    with a lexical partner (``slotread fit --lexical``) has its text classifier fitted here, on its
-    schema's bank in ``example_banks``.
-
-    ``example_banks`` serve ``x_examples`` and ``x_shortlist`` (``quality.examples``; bank files are
-    read with ``api.bank_file.read_bank``); ExampleBankError if two serve one question schema.
-
-    ``image_limits`` bound the images of a request; only a model with a vision tower read in process
-    (DiffusionGemma) takes them (``takes_images``), any other refuses them with a 422 naming it.
-    ``encoder`` (a registry encoder's name, fetched and loaded here, or a loaded one) serves ``x_shortlist``
-    for questions no bank serves: shortlists from meaning (``quality.examples.meaning``), no labels needed.
+    The keyword arguments are ``DeciderSettings``' fields and are documented there (``from_settings``
+    builds a Decider from them); here ``model`` may also be a ``LoadedModel`` built elsewhere (tests,
+    custom models), ``dtype`` is a torch dtype, and ``example_banks`` and ``encoder`` may be loaded ones.
+    Loading raises ModelLoadError naming the model and why (a tokenizer that cannot provide the
+    single-token labels slotread reads included), CalibrationError for an unreadable calibration
+    artifact, ExampleBankError when two banks serve one question schema. ``close`` stops a remote
+    engine's health checks.
     """
 
     def __init__(
         self,
-        model: str | LoadedModel = DEFAULT_MODEL,
+        model: str | LoadedModel = DEFAULTS.model,
         *,
         upstreams: Sequence[str] = (),
-        upstream_timeout_s: float = 5.0,
-        health_interval_s: float = 2.0,
+        upstream_timeout_s: float = DEFAULTS.upstream_timeout_s,
+        health_interval_s: float = DEFAULTS.health_interval_s,
         cache_dir: Path | None = None,
-        device: str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        device: str = DEFAULTS.device,
+        dtype: torch.dtype = DEFAULT_DTYPE,
         prefix_cache_bytes: int | None = None,
         max_batch: int | None = None,
-        deterministic: bool = False,
-        max_questions: int = systemone.DEFAULT_MAX_QUESTIONS,
-        max_samples: int = systemone.DEFAULT_MAX_SAMPLES,
-        max_options: int = MAX_CHOICE_OPTIONS,
-        max_permutations: int = systemone.DEFAULT_MAX_PERMUTATIONS,
+        deterministic: bool = DEFAULTS.deterministic,
+        max_questions: int = DEFAULTS.max_questions,
+        max_samples: int = DEFAULTS.max_samples,
+        max_options: int = DEFAULTS.max_options,
+        max_permutations: int = DEFAULTS.max_permutations,
         max_prompt_tokens: int | None = None,
         calibration_dir: Path | None = None,
         example_banks: Sequence[ExampleBank] = (),
         readout_dir: Path | None = None,
-        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+        image_limits: ImageLimits = DEFAULTS.image_limits,
         encoder: str | SentenceEncoder | None = None,
     ) -> None:
         if upstreams:
@@ -201,6 +180,20 @@ class Decider:
             self.close()
             raise
         logger.info("serving %s with the %s engine", self.name, type(self.engine).__name__)
+
+    @classmethod
+    def from_settings(cls, settings: DeciderSettings) -> Decider:
+        """The Decider ``settings`` describe (``slotread decide``, ``slotread serve``), its example banks read
+        from their files."""
+        converted = {"model", "dtype", "example_banks", "max_images", "max_image_bytes", "max_image_pixels"}
+        same = {name: getattr(settings, name) for name in DeciderSettings.model_fields if name not in converted}
+        return cls(
+            settings.model,
+            dtype=getattr(torch, settings.dtype),
+            example_banks=[read_example_bank(path) for path in settings.example_banks],
+            image_limits=settings.image_limits,
+            **same,
+        )
 
     def close(self) -> None:
         """Release what the engine holds beyond memory: a remote engine's health checks and connections."""

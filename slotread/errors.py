@@ -23,8 +23,10 @@
     │                              (says where it looked), or a run folder holding another run
     ├── CalibrationError           a calibration artifact cannot be read, or two claim one question;
     │                              says which file and why (the server refuses to start)
-    └── ExampleBankError           an example bank cannot be read, or two serve one question schema;
-                                   says which bank and why (the server refuses to start)
+    ├── ExampleBankError           an example bank cannot be read, or two serve one question schema;
+    │                              says which bank and why (the server refuses to start)
+    └── SettingsError              a setting out of range, or settings that cannot work together
+                                   (``settings.py``); says which (CLI exit 1, the server refuses to start)
 
 Only the edges (cli, the server) turn these into exit codes or status codes.
 """
@@ -162,3 +164,8 @@ class CalibrationError(SlotreadError):
 
 class ExampleBankError(SlotreadError):
     """An example bank cannot be read or breaks the format; the message names the bank and the problem."""
+
+
+class SettingsError(SlotreadError):
+    """A setting (a flag, an environment variable or a Settings field) is out of range, or settings cannot
+    work together; the message names them."""

@@ -1,8 +1,22 @@
-"""The server's configuration: one ``Settings`` object, built once at the entry point and passed down.
+"""Every entry point's configuration: one Settings class each, built once at the entry point and passed down.
 
-Every field can come from the environment with the ``SLOTREAD_`` prefix (``SLOTREAD_PORT=9000``);
-explicit values (the CLI's flags) win over the environment. The defaults run on a 2-core laptop; on a
-GPU (``device`` "cuda...") the limits that only cost memory there are raised (``GPU_DEFAULTS``).
+    ModelSettings         which model, where: what every entry point that loads one takes
+    ├── ReadSettings      how an in-process engine reads (deterministic, prefix cache, rows per forward)
+    │   ├── EngineSettings    ``slotread engine`` (environment prefix ``SLOTREAD_ENGINE_``)
+    │   └── DeciderSettings   what a Decider serves with: ``slotread decide``, ``Decider.from_settings``
+    │       └── Settings      ``slotread serve``: the server's address, auth, admission and body limits
+    └── DataSettings      the labelled items a job reads
+        ├── EvalSettings      ``slotread eval``
+        └── FittingSettings   the data fitting must keep apart from the evaluation's
+            ├── CalibrateSettings ``slotread calibrate``
+            └── FitSettings       ``slotread fit``
+
+Each default is written once, here: the CLI's help reads them from the fields, the Decider's keyword
+defaults from ``DeciderSettings``. Every field can come from the environment with the ``SLOTREAD_``
+prefix (``SLOTREAD_PORT=9000``); explicit values win. A value out of range, or values that cannot work
+together, raise ``SettingsError`` naming them, so the command line and a Python caller are refused alike.
+The defaults run on a 2-core laptop; on a GPU the server's limits that only cost memory there are
+raised (``GPU_DEFAULTS``).
 """
 
 from __future__ import annotations
@@ -10,95 +24,128 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from slotread.api.images import ImageLimits
+from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
+from slotread.api.systemone import DEFAULT_MAX_PERMUTATIONS, DEFAULT_MAX_QUESTIONS, DEFAULT_MAX_SAMPLES
+from slotread.errors import SettingsError
 from slotread.models.registry import DEFAULT_MODEL
+from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 
+Dtype = Literal["bfloat16", "float32"]
 #: decisions a gateway (``upstreams`` set) runs at once unless told otherwise
 GATEWAY_CONCURRENCY = 16
 #: On a GPU a forward of 100 canvases costs little more than one of 10 (the weights are read once
 #: either way), so many decisions run at once and a queue that deep still answers in time; these
 #: replace the CPU defaults of the fields not set explicitly.
 GPU_DEFAULTS: dict[str, Any] = {"max_concurrency": 32, "queue_size": 256}
+#: canvases (rows) of one forward on a GPU unless ``max_batch`` says otherwise (``decider.make_engine``)
+GPU_BATCH = 128
+#: the address the servers listen on unless told otherwise: this machine only
+LOCALHOST = "127.0.0.1"
 
 
-class Settings(BaseSettings):
-    """What ``slotread serve`` serves, where, and within which limits."""
+def _problems(exc: ValidationError) -> str:
+    """pydantic's errors as one line: the missing fields named as the CLI's flags, then each other problem."""
+    errors = exc.errors()
+    missing = [f"--{error['loc'][0]}".replace("_", "-") for error in errors if error["type"] == "missing"]
+    said = [f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required"] if missing else []
+    said += [f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in errors if error["type"] != "missing"]
+    return "; ".join(said)
+
+
+class ModelSettings(BaseSettings):
+    """Which model, where: every entry point that loads one takes these."""
 
     model_config = SettingsConfigDict(env_prefix="SLOTREAD_", extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
     #: registry name, checkpoint directory or .gguf file
     model: str = DEFAULT_MODEL
+    #: where fetched models are kept; None: ``$SLOTREAD_CACHE``, else ~/.cache/slotread
     cache_dir: Path | None = None
     #: torch device of the weights: "cpu", "cuda", "cuda:1"
     device: str = "cpu"
-    #: dtype of the weights
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    #: dtype of the weights; bfloat16 runs 2-3x faster than float32 on these CPUs' AMX units (bench/cpu_decide.py)
+    dtype: Dtype = "bfloat16"
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:  # a value out of range or of the wrong type: ours, naming it
+            raise SettingsError(_problems(exc)) from None
+
+    def decider(self) -> DeciderSettings:
+        """A Decider of this model with every other setting at its default: the one a job reads with."""
+        return DeciderSettings.model_construct(**{name: getattr(self, name) for name in ModelSettings.model_fields})
+
+
+class ReadSettings(ModelSettings):
+    """How an in-process engine reads."""
+
+    #: answers bit-identical whatever else the server is doing and whatever its cache holds
+    #: (``Engine.deterministic``; DiffusionGemma on a GPU: batch-invariant kernels, bench/RESULTS.md
+    #: measures the cost; causal and masked models: one row per forward)
+    deterministic: bool = False
     #: bytes of prompt KV the engine keeps (a 1,600-token prompt of DiffusionGemma 26B-A4B holds
     #: ~240 MB); None: the engine's own on the CPU (512 MiB causal, 1 GiB DiffusionGemma), half the
     #: device memory free after loading on a GPU
     prefix_cache_bytes: int | None = Field(None, ge=0)
     #: canvases (rows) of one forward; None: the engine's default on the CPU (causal 1, so an answer is
-    #: bit-identical in any batch; masked 16; DiffusionGemma 32), 128 on a GPU
+    #: bit-identical in any batch; masked 16; DiffusionGemma 32), ``GPU_BATCH`` on a GPU
     max_batch: int | None = Field(None, ge=1, le=4096)
-    #: answers bit-identical whatever else the server is doing and whatever its cache holds
-    #: (``Engine.deterministic``; DiffusionGemma on a GPU: batch-invariant kernels, bench/RESULTS.md
-    #: measures the cost; causal and masked models: one row per forward)
-    deterministic: bool = False
-    #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
-    api_keys: Path | None = None
-    #: base URLs of remote engines (``slotread engine`` or vLLM servers of ``model``); when set, the
-    #: server loads only the tokenizer and sends its reads to them. ``SLOTREAD_UPSTREAMS``: comma-separated
+
+
+class EngineSettings(ReadSettings):
+    """What ``slotread engine`` serves and where. Its own environment prefix: an engine often shares a host
+    with a gateway whose ``SLOTREAD_PORT`` is not its port."""
+
+    model_config = SettingsConfigDict(env_prefix="SLOTREAD_ENGINE_", extra="forbid")
+
+    host: str = LOCALHOST
+    #: 0 picks a free port
+    port: int = Field(8001, ge=0, le=65535)
+
+
+class DeciderSettings(ReadSettings):
+    """What a Decider answers with and within which limits (``Decider.from_settings``)."""
+
+    #: base URLs of remote engines (``slotread engine`` or vLLM servers of ``model``, by that name); when set,
+    #: the Decider loads only the tokenizer (``device`` and ``dtype`` are the replicas' business) and sends
+    #: its reads to them (``RemoteEngine``). ``SLOTREAD_UPSTREAMS``: comma-separated
     upstreams: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: seconds one read may take on the upstreams, retries on other replicas included
     upstream_timeout_s: float = Field(5.0, gt=0)
     #: seconds between health checks of each upstream replica; a 503 for want of replicas says to
     #: retry after this long
     health_interval_s: float = Field(2.0, gt=0)
-    #: decisions running at once; their reads are merged into one engine batch at a time. On a 2-core
-    #: CPU two at once gave the same throughput as one at twice the latency (bench/load.py, the
-    #: default model), so 1; on a GPU, where batches are cheap, 32 (``GPU_DEFAULTS``). With upstreams the default is
-    #: GATEWAY_CONCURRENCY: a gateway's decisions wait on the network, and the replicas batch them
-    max_concurrency: int = Field(1, ge=1, le=256)
-    #: decisions waiting for a slot; one more is answered 529 at once
-    queue_size: int = Field(16, ge=0, le=100_000)
-    #: seconds within which a decision should be answered: a request that could not get its slot in
-    #: time to finish by then (judged from recent decision times) is answered 529 instead; under the
-    #: official SDK's 10 s timeout
-    request_deadline_s: float = Field(8.0, gt=0)
-    #: what a 529 tells the client to wait before retrying
-    retry_after_s: float = Field(1.0, gt=0)
-    #: request body limit in bytes, checked on the wire and again after decompression
-    max_body_bytes: int = Field(1_048_576, ge=1024)
-    #: images one request may carry (System One ``images`` and ``assets``, OpenAI ``input_image`` parts)
-    max_images: int = Field(8, ge=0, le=64)
+    #: images one request may carry (System One ``images`` and ``assets``, OpenAI ``input_image`` parts); only
+    #: a model with a vision tower read in process (DiffusionGemma) takes any, others answer a 422
+    max_images: int = Field(DEFAULT_IMAGE_LIMITS.count, ge=0, le=64)
     #: bytes of one image file (PNG, JPEG or WebP) as sent
-    max_image_bytes: int = Field(5 * 2**20, ge=1024)
+    max_image_bytes: int = Field(DEFAULT_IMAGE_LIMITS.bytes, ge=1024)
     #: pixels of one decoded image; below it the model's image processor resizes it to its own budget
-    max_image_pixels: int = Field(4096 * 4096, ge=64)
-    max_questions: int = Field(64, ge=1)
-    max_samples: int = Field(32, ge=1)
+    max_image_pixels: int = Field(DEFAULT_IMAGE_LIMITS.pixels, ge=64)
+    max_questions: int = Field(DEFAULT_MAX_QUESTIONS, ge=1)
+    max_samples: int = Field(DEFAULT_MAX_SAMPLES, ge=1)
     #: largest x_permutations (option→label assignments per question; each is a read)
-    max_permutations: int = Field(16, ge=1, le=255)
+    max_permutations: int = Field(DEFAULT_MAX_PERMUTATIONS, ge=1, le=255)
     #: options per choice question (the System One contract allows up to 255)
-    max_options: int = Field(255, ge=2, le=255)
+    max_options: int = Field(MAX_CHOICE_OPTIONS, ge=2, le=MAX_CHOICE_OPTIONS)
     #: prompt + canvas tokens of one read; None: the model's own limit
     max_prompt_tokens: int | None = Field(None, ge=16)
-    #: a directory of calibration artifacts (``slotread calibrate``); content-free reads are saved there
+    #: a directory of calibration artifacts (``slotread calibrate``); those of the model are loaded, and the
+    #: content-free reads of ``x_calibration: contextual`` are saved there
     calibration_dir: Path | None = None
-    #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with
+    #: a directory of learned readouts (``slotread fit``) that requests with ``x_readout`` answer with; with
+    #: upstreams only those fitted on label logits alone (a remote engine returns no hidden states). A
+    #: readout with a lexical partner has its classifier fitted at load, on its schema's example bank
     readout_dir: Path | None = None
-    #: serve the browser playground at ``/playground`` (and redirect ``/`` to it); it only calls the
-    #: public routes, with the key the person types in the page
-    playground: bool = True
     #: example bank files (``slotread.api.bank_file``), one per question schema, serving x_examples,
     #: x_shortlist and readouts fitted with a vote or a lexical partner
     example_banks: list[Path] = Field(default_factory=list)
-    #: a registry sentence encoder serving x_shortlist from meaning where no bank serves a question
+    #: a registry sentence encoder (fetched and loaded at start) serving x_shortlist from meaning
+    #: (``quality.examples.meaning``, no labels needed) where no bank serves a question
     encoder: str | None = None
 
     @property
@@ -116,8 +163,47 @@ class Settings(BaseSettings):
     def _upstreams_are_http(cls, urls: list[str]) -> list[str]:
         for url in urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"upstream {url!r} is not an http:// or https:// URL")
+                raise SettingsError(f"upstream {url!r} is not an http:// or https:// URL")
         return [url.rstrip("/") for url in urls]
+
+    @model_validator(mode="after")
+    def _paths_exist(self) -> DeciderSettings:
+        # Refuse at start-up rather than serve without what the operator asked for.
+        if self.calibration_dir is not None and not self.calibration_dir.is_dir():
+            raise SettingsError(f"calibration_dir: {self.calibration_dir} is not a directory")
+        if self.readout_dir is not None and not self.readout_dir.is_dir():
+            raise SettingsError(f"readout_dir: {self.readout_dir} is not a directory")
+        for bank in self.example_banks:
+            if not bank.is_file():
+                raise SettingsError(f"example_banks: {bank} is not a file")
+        return self
+
+
+class Settings(DeciderSettings):
+    """What ``slotread serve`` serves, where, and within which limits."""
+
+    host: str = LOCALHOST
+    port: int = Field(8000, ge=0, le=65535)
+    #: a file of API keys (one key, or ``sha256:<hex>`` of a key, per line); None turns auth off
+    api_keys: Path | None = None
+    #: decisions running at once; their reads are merged into one engine batch at a time. On a 2-core
+    #: CPU two at once gave the same throughput as one at twice the latency (bench/load.py, the
+    #: default model), so 1; on a GPU, where batches are cheap, 32 (``GPU_DEFAULTS``). With upstreams the default is
+    #: GATEWAY_CONCURRENCY: a gateway's decisions wait on the network, and the replicas batch them
+    max_concurrency: int = Field(1, ge=1, le=256)
+    #: decisions waiting for a slot; one more is answered 529 at once
+    queue_size: int = Field(16, ge=0, le=100_000)
+    #: seconds within which a decision should be answered: a request that could not get its slot in
+    #: time to finish by then (judged from recent decision times) is answered 529 instead; under the
+    #: official SDK's 10 s timeout
+    request_deadline_s: float = Field(8.0, gt=0)
+    #: what a 529 tells the client to wait before retrying
+    retry_after_s: float = Field(1.0, gt=0)
+    #: request body limit in bytes, checked on the wire and again after decompression
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    #: serve the browser playground at ``/playground`` (and redirect ``/`` to it); it only calls the
+    #: public routes, with the key the person types in the page
+    playground: bool = True
 
     @model_validator(mode="after")
     def _gateway_concurrency(self) -> Settings:
@@ -134,15 +220,129 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _paths_exist(self) -> Settings:
+    def _api_keys_exist(self) -> Settings:
         # Refuse at start-up rather than serve without the auth the operator asked for.
         if self.api_keys is not None and not self.api_keys.is_file():
-            raise ValueError(f"api_keys: {self.api_keys} is not a file")
-        if self.calibration_dir is not None and not self.calibration_dir.is_dir():
-            raise ValueError(f"calibration_dir: {self.calibration_dir} is not a directory")
-        if self.readout_dir is not None and not self.readout_dir.is_dir():
-            raise ValueError(f"readout_dir: {self.readout_dir} is not a directory")
-        for bank in self.example_banks:
-            if not bank.is_file():
-                raise ValueError(f"example_banks: {bank} is not a file")
+            raise SettingsError(f"api_keys: {self.api_keys} is not a file")
+        return self
+
+
+class DataSettings(ModelSettings):
+    """The labelled items a job reads (``eval.datasets``), and how each is asked."""
+
+    #: a built-in dataset (banking77, clinc150, sst5, boolq, ...) or a labelled .jsonl/.csv file
+    dataset: str
+    #: split of a built-in dataset; None: the job's own (eval: the evaluation split; fit: the fitting split)
+    split: str | None = None
+    #: question file (a System One question object) for a labelled file
+    question: Path | None = None
+    #: folder of the built-in datasets; None: ``$SLOTREAD_DATA``, else the copy shipped in the package
+    data_dir: Path | None = None
+    #: a seeded random sample of this many items; None: all
+    limit: int | None = None
+    #: seed of the ``limit`` sample (and of every other draw of items)
+    sample_seed: int = 0
+    #: x_seed of every request
+    seed: int = 0
+    #: extra request fields of every request (read options such as ``x_samples``)
+    request_fields: dict[str, Any] = Field(default_factory=dict)
+    #: draw a progress bar (eval and fit)
+    progress: bool = True
+
+
+class EvalSettings(DataSettings):
+    """What ``slotread eval`` measures, on what, and where it writes the run."""
+
+    #: run folder: run.json, predictions.csv, metrics.json, reliability.png
+    out: Path
+    #: run a baseline with no model instead: TF-IDF + logistic regression, or the BM25 neighbour vote
+    baseline: Literal["tfidf", "knn"] | None = None
+    #: training file for baselines and example banks on a labelled file (built-ins use their train split)
+    train: str | None = None
+    #: learn from at most this many training items per class (the few-label setting)
+    per_class: int | None = None
+    #: x_examples of every request; with the knn baseline, the neighbours that vote
+    examples: int = 0
+    #: x_shortlist of every request
+    shortlist: int = 0
+    #: the calibration artifacts and learned readouts the model's Decider serves (``DeciderSettings``)
+    calibration_dir: Path | None = None
+    readout_dir: Path | None = None
+    #: ask a choice question with its options in this seeded random order
+    shuffle_options: int | None = None
+    #: an example bank file instead of one built from the training data
+    example_bank: Path | None = None
+    #: a sentence encoder: with shortlist and no examples or bank, shortlists come from meaning
+    encoder: str | None = None
+    #: decisions in flight at once, their reads and thoughts merged into shared engine calls as the
+    #: server merges them
+    concurrency: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset_and_out(cls, values: Any) -> Any:
+        # one message for both: ``eval compare`` and ``eval table`` take neither, so argparse cannot require them
+        if isinstance(values, dict) and not (values.get("dataset") and values.get("out")):
+            raise SettingsError("--dataset and --out are required")
+        return values
+
+    @model_validator(mode="after")
+    def _a_baseline_reads_no_options(self) -> EvalSettings:
+        if self.baseline and self.shuffle_options is not None:
+            raise SettingsError("--shuffle-options reorders a model's options; the baseline reads none")
+        if self.baseline == "tfidf" and (self.examples or self.shortlist or self.example_bank):
+            raise SettingsError("the TF-IDF baseline shows no examples; drop --examples/--shortlist")
+        if self.baseline == "knn" and self.shortlist:
+            raise SettingsError("the neighbour vote reads no shortlist; drop --shortlist")
+        return self
+
+
+class FittingSettings(DataSettings):
+    """A job that fits on data the evaluation must not hold."""
+
+    #: where the fitted artifact is written
+    out: Path
+    #: the evaluation data (dataset name or labelled file): refuse to fit on items it holds
+    exclude: str | None = None
+    #: split of ``exclude``; None: its evaluation split
+    exclude_split: str | None = None
+    #: leave out the items ``exclude`` holds instead of refusing the data
+    drop_overlap: bool = False
+
+
+class CalibrateSettings(FittingSettings):
+    """What ``slotread calibrate`` fits on."""
+
+    #: fit on the same number of items of every class (``eval.datasets.balance``)
+    balance: bool = False
+
+
+class FitSettings(FittingSettings):
+    """What ``slotread fit`` fits (``fit.fit_readout``'s options)."""
+
+    #: items kept per class, drawn with ``sample_seed``; 0: all
+    per_class: int = 64
+    #: share of items held out for the temperature
+    holdout: float = 0.2
+    #: what the head reads
+    features: Literal["hidden+logits", "logits"] = "hidden+logits"
+    #: prompt layout of the reads; None: the family's, as plain reads
+    layout: Literal["schema_first", "state_first"] | None = None
+    #: L2 strengths to try; the one with the lowest held-out NLL is kept
+    l2: list[float] = Field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
+    #: the label vote of this many nearest example-bank examples joins the head; 0: no vote
+    vote: int = 0
+    #: a TF-IDF + logistic-regression classifier of the bank joins the head
+    lexical: bool = False
+    #: a logistic regression on this sentence encoder's embeddings of the bank joins the head
+    encoder: str | None = None
+    #: see at most this many items per class of the data at all (the few-label setting)
+    seen_per_class: int | None = None
+    #: items per engine call while reading
+    batch_size: int = 16
+
+    @model_validator(mode="after")
+    def _holdout_and_vote(self) -> FitSettings:
+        if not 0 < self.holdout < 1 or self.vote < 0:
+            raise SettingsError("--holdout must be between 0 and 1 and --vote must not be negative")
         return self

@@ -33,11 +33,11 @@ ALLOWED = {
     # evaluation drives the public API: the Decider and the System One wire format; example banks
     # (quality.examples) it builds from train splits for the Decider and votes with (the knn baseline)
     # and runs concurrent decisions through the server's batcher, as the server does (--concurrency)
-    "eval": {"api", "decider", "quality", "serve.batcher"},
+    "eval": {"api", "decider", "quality", "serve.batcher", "settings"},
     # the batcher merges concurrent engine calls; it knows the engine contract alone
     "serve.batcher": {"engines"},
     # the Decider wires a model, its engine and the quality stores behind the System One API
-    "decider": {"api", "core", "engines", "models", "prompt", "quality"},
+    "decider": {"api", "core", "engines", "models", "prompt", "quality", "settings"},
     "settings": {"api", "models"},
     "errors": set(),
     "__init__": {"decider"},

@@ -149,7 +149,7 @@ class SlotScores:
     ``hidden[i]``, when the request asked for it, is slot i's final hidden state in float32: the
     vector the output embedding (``lm_head``) sees at the row that reads the slot, after the final
     norm, so that the engine's head transform (``lm_head``, then any logit scale or softcap) of it
-    gives the slot's logits. Learned readouts (``slotread.quality.readout``) use it as features.
+    gives the slot's logits. Learned readouts (``slotread.quality.readouts``) use it as features.
     """
 
     logits: tuple[np.ndarray, ...]

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -29,6 +29,7 @@ from slotread.eval.datasets import Dataset, Item, Task
 from slotread.eval.predictions import Prediction, PredictionsFile
 from slotread.eval.report import PREDICTIONS, RUN_INFO, write_report
 from slotread.serve.batcher import BatchingEngine
+from slotread.settings import Dtype, EvalSettings
 
 if TYPE_CHECKING:
     from slotread.decider import Decider
@@ -41,6 +42,9 @@ Predictor = Callable[[Item], Prediction]
 
 #: The question's id in every request: caller data, it never reaches the model.
 QUESTION_ID = "answer"
+
+#: the defaults of ``evaluate_model``'s keyword arguments, written once in ``settings`` (no environment)
+DEFAULTS = EvalSettings.model_construct()
 
 
 def build_request(
@@ -201,18 +205,18 @@ def evaluate_model(
     out: Path,
     model: str | Decider,
     *,
-    seed: int = 0,
+    seed: int = DEFAULTS.seed,
     request_fields: dict[str, Any] | None = None,
     cache_dir: Path | None = None,
-    device: str = "cpu",
-    dtype: Literal["bfloat16", "float32"] = "bfloat16",
+    device: str = DEFAULTS.device,
+    dtype: Dtype = DEFAULTS.dtype,
     calibration_dir: Path | None = None,
     readout_dir: Path | None = None,
     shuffle_seed: int | None = None,
     example_bank: ExampleBank | None = None,
     encoder: str | None = None,
     progress: bool = True,
-    concurrency: int = 1,
+    concurrency: int = DEFAULTS.concurrency,
 ) -> dict[str, Any]:
     """Evaluate a model on ``dataset``: a Decider, or what Decider loads (registry name, checkpoint, .gguf).
 

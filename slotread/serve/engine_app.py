@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
@@ -35,9 +36,10 @@ from slotread.decider import make_engine
 from slotread.engines.base import Engine
 from slotread.engines.remote.wire import completion_response, parse_completion, read_request
 from slotread.errors import BodyTooLarge, InvalidRequest, UnknownModel, UnsupportedEncoding, WireError
-from slotread.models.load import LoadedModel
+from slotread.models.load import LoadedModel, load_model
 from slotread.serve.batcher import BatchingEngine
 from slotread.serve.body import read_json
+from slotread.settings import EngineSettings
 
 #: A body holds token ids only: 8 MiB is over a million of them, past any model's context.
 MAX_BODY_BYTES = 8 * 2**20
@@ -55,11 +57,24 @@ class ServedEngine:
     vocab_size: int
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel, deterministic: bool = False) -> ServedEngine:
+    def from_loaded(
+        cls,
+        loaded: LoadedModel,
+        deterministic: bool = False,
+        cache_bytes: int | None = None,
+        max_batch: int | None = None,
+    ) -> ServedEngine:
         """The in-process engine of a loaded model (``make_engine``)."""
-        engine = make_engine(loaded, deterministic=deterministic)
+        engine = make_engine(loaded, cache_bytes, max_batch, deterministic)
         assert isinstance(loaded.model, PreTrainedModel), "make_engine reads transformers models only"
         return cls(loaded.name, engine, int(loaded.model.config.get_text_config().vocab_size))
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> ServedEngine:
+        """Load the model ``settings`` name and its engine (``slotread engine``)."""
+        dtype = getattr(torch, settings.dtype)
+        loaded = load_model(settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=dtype)
+        return cls.from_loaded(loaded, settings.deterministic, settings.prefix_cache_bytes, settings.max_batch)
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:

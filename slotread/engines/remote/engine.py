@@ -13,7 +13,7 @@ answered. A replica that joins later (or comes back after a restart) is admitted
 the model with at least that length.
 
 vLLM's API returns no hidden states: a request's ``hidden`` flag is ignored and ``SlotScores.hidden``
-stays None (learned readouts on hidden states are refused above the engine, see ``quality.readout``).
+stays None (learned readouts on hidden states are refused above the engine, see ``quality.readouts``).
 """
 
 from __future__ import annotations
