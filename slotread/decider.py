@@ -23,6 +23,7 @@ from slotread.core.decide import DecisionResult
 from slotread.engines.base import Engine, vision_of
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.fast_paths import FastPaths
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
@@ -53,13 +54,18 @@ GPU_CACHE_SHARE = 0.5
 
 
 def make_engine(
-    loaded: LoadedModel, cache_bytes: int | None = None, max_batch: int | None = None, deterministic: bool = False
+    loaded: LoadedModel,
+    cache_bytes: int | None = None,
+    max_batch: int | None = None,
+    deterministic: bool = False,
+    slow_paths: Sequence[str] = (),
 ) -> Engine:
     """The in-process engine for a loaded model's family, with ``cache_bytes`` of prefix cache and
     ``max_batch`` rows per forward; None keeps the engine's own (CPU) default, or on a GPU sizes them
     for it (``GPU_BATCH``, ``GPU_CACHE_SHARE`` of the memory free now). ``deterministic``: answers
     bit-identical in any batch and cache state (``Engine.deterministic``): DiffusionGemma's mode of
-    that name; causal and masked models one row per forward, whatever ``max_batch`` says."""
+    that name; causal and masked models one row per forward, whatever ``max_batch`` says.
+    ``slow_paths``: DiffusionGemma's fast paths to leave off (``FastPaths.without``)."""
     model = loaded.model
     device = next(model.parameters()).device
     if device.type == "cuda":
@@ -73,7 +79,11 @@ def make_engine(
         rows: dict[str, Any] = (
             {} if max_batch is None else {"max_canvases": max_batch, "max_encode_tokens": max_batch * 128}
         )
-        return DiffusionGemmaEngine(model, **cache, **rows, deterministic=deterministic)
+        return DiffusionGemmaEngine(
+            model, **cache, **rows, deterministic=deterministic, fast=FastPaths.without(slow_paths)
+        )
+    if slow_paths:
+        logger.info("%s has no fast paths to leave off (%s): they are DiffusionGemma's", loaded.name, slow_paths)
     if deterministic and (max_batch or 1) > 1:
         logger.info("deterministic: %s reads one row per forward (max_batch %d not used)", loaded.name, max_batch)
     rows_per_forward = 1 if deterministic else max_batch
@@ -116,6 +126,7 @@ class Decider:
         prefix_cache_bytes: int | None = None,
         max_batch: int | None = None,
         deterministic: bool = DEFAULTS.deterministic,
+        slow_paths: Sequence[str] = (),
         max_questions: int = DEFAULTS.max_questions,
         max_samples: int = DEFAULTS.max_samples,
         max_options: int = DEFAULTS.max_options,
@@ -149,7 +160,7 @@ class Decider:
                 else load_model(model, cache_dir=cache_dir, device=device, dtype=dtype)
             )
             self.name, tokenizer = loaded.name, loaded.tokenizer
-            self.engine = make_engine(loaded, prefix_cache_bytes, max_batch, deterministic)
+            self.engine = make_engine(loaded, prefix_cache_bytes, max_batch, deterministic, slow_paths)
         try:
             self.renderer = Renderer(tokenizer, self.engine.family)
             self._renderers = {self.renderer.layout: self.renderer}

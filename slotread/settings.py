@@ -29,6 +29,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
 from slotread.api.systemone import DEFAULT_MAX_PERMUTATIONS, DEFAULT_MAX_QUESTIONS, DEFAULT_MAX_SAMPLES
+from slotread.engines.diffusion_gemma.fast_paths import FastPaths
 from slotread.errors import SettingsError
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
@@ -94,6 +95,23 @@ class ReadSettings(ModelSettings):
     #: canvases (rows) of one forward; None: the engine's default on the CPU (causal 1, so an answer is
     #: bit-identical in any batch; masked 16; DiffusionGemma 32), ``GPU_BATCH`` on a GPU
     max_batch: int | None = Field(None, ge=1, le=4096)
+    #: DiffusionGemma fast paths to leave off, each then reading by its reference road
+    #: (``engines/diffusion_gemma/fast_paths.py`` says what each is); the start-up log lists those on
+    slow_paths: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("slow_paths", mode="before")
+    @classmethod
+    def _split_slow_paths(cls, value: Any) -> Any:
+        return [name.strip() for name in value.split(",") if name.strip()] if isinstance(value, str) else value
+
+    @field_validator("slow_paths")
+    @classmethod
+    def _known_slow_paths(cls, value: list[str]) -> list[str]:
+        try:
+            FastPaths.without(value)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        return value
 
 
 class EngineSettings(ReadSettings):

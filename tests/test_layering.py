@@ -38,7 +38,7 @@ ALLOWED = {
     "serve.batcher": {"engines"},
     # the Decider wires a model, its engine and the quality stores behind the System One API
     "decider": {"api", "core", "engines", "models", "prompt", "quality", "settings"},
-    "settings": {"api", "models"},
+    "settings": {"api", "engines", "models", "prompt"},
     "errors": set(),
     "__init__": {"decider"},
 }

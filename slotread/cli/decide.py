@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from slotread.api.systemone import parse_request, to_decision
-from slotread.cli.flags import add_model_flags, settings_of
+from slotread.cli.flags import add_model_flags, add_slow_path_flag, settings_of
 from slotread.errors import InvalidRequest, SlotreadError
 from slotread.settings import DeciderSettings
 
@@ -54,6 +54,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="the answer slotread serve --deterministic gives (see there)",
     )
+    add_slow_path_flag(decide)
     decide.add_argument("--encoder", metavar="NAME", help=ENCODER_HELP)
     decide.set_defaults(run=run)
 

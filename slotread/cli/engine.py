@@ -6,7 +6,7 @@ import argparse
 import socket
 import sys
 
-from slotread.cli.flags import add_model_flags, default, settings_of
+from slotread.cli.flags import add_model_flags, add_slow_path_flag, default, settings_of
 from slotread.cli.foreground import stop_cleanly, uvicorn_level
 from slotread.settings import EngineSettings
 
@@ -24,6 +24,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="reads bit-identical in any batch and cache state (as slotread serve --deterministic)",
     )
+    add_slow_path_flag(engine)
     engine.set_defaults(run=run)
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
+from slotread.engines.diffusion_gemma.fast_paths import NAMES
 from slotread.settings import DataSettings, Dtype, ModelSettings
 
 SettingsT = TypeVar("SettingsT", bound=ModelSettings)
@@ -116,6 +117,19 @@ def add_item_flags(parser: argparse.ArgumentParser, verb: str, request_field_hel
     parser.add_argument("--seed", type=int, help=f"x_seed of every request (default {seed})")
     parser.add_argument(
         "--request-field", dest="request_fields", action=_RequestField, metavar="KEY=JSON", help=request_field_help
+    )
+
+
+def add_slow_path_flag(parser: argparse.ArgumentParser) -> None:
+    """--slow-path NAME, repeatable: a DiffusionGemma fast path to leave off."""
+    parser.add_argument(
+        "--slow-path",
+        dest="slow_paths",
+        action="append",
+        choices=NAMES,
+        metavar="NAME",
+        help="leave this DiffusionGemma fast path off, reading by its reference road (to compare or debug): "
+        f"one of {', '.join(NAMES)}; repeatable (the start-up log lists the fast paths on)",
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotread.cli.decide import ENCODER_HELP
-from slotread.cli.flags import add_model_flags, default, settings_of
+from slotread.cli.flags import add_model_flags, add_slow_path_flag, default, settings_of
 from slotread.cli.foreground import stop_cleanly, uvicorn_level
 from slotread.models.shapes import RANDOM_PREFIX
 from slotread.settings import GATEWAY_CONCURRENCY, GPU_BATCH, GPU_DEFAULTS, Settings
@@ -43,6 +43,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         default=None,
     )
+    add_slow_path_flag(serve)
     flag("--host", "address to listen on (default {host})")
     flag("--port", "port to listen on (default {port})", type=int)
     flag("--api-keys", "file of API keys, one key or sha256:<hex> per line; without it auth is off", type=Path)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -63,9 +63,10 @@ class ServedEngine:
         deterministic: bool = False,
         cache_bytes: int | None = None,
         max_batch: int | None = None,
+        slow_paths: Sequence[str] = (),
     ) -> ServedEngine:
         """The in-process engine of a loaded model (``make_engine``)."""
-        engine = make_engine(loaded, cache_bytes, max_batch, deterministic)
+        engine = make_engine(loaded, cache_bytes, max_batch, deterministic, slow_paths)
         assert isinstance(loaded.model, PreTrainedModel), "make_engine reads transformers models only"
         return cls(loaded.name, engine, int(loaded.model.config.get_text_config().vocab_size))
 
@@ -74,7 +75,9 @@ class ServedEngine:
         """Load the model ``settings`` name and its engine (``slotread engine``)."""
         dtype = getattr(torch, settings.dtype)
         loaded = load_model(settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=dtype)
-        return cls.from_loaded(loaded, settings.deterministic, settings.prefix_cache_bytes, settings.max_batch)
+        return cls.from_loaded(
+            loaded, settings.deterministic, settings.prefix_cache_bytes, settings.max_batch, settings.slow_paths
+        )
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:

@@ -9,9 +9,13 @@ import logging
 import pytest
 from transformers import DiffusionGemmaForBlockDiffusion
 
+from slotread.decider import make_engine
 from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.diffusion_gemma.fast_paths import ALL, FastPaths, taken, taking
+from slotread.errors import SettingsError
+from slotread.models.load import LoadedModel
 from slotread.models.tiny import tiny_diffusion_gemma
+from slotread.settings import DeciderSettings
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +49,26 @@ def test_a_read_takes_its_engines_fast_paths_and_restores_the_default() -> None:
             assert not taken().compiled
         assert taken() == chosen
     assert taken() == ALL
+
+
+def test_a_slow_path_named_in_the_settings_reaches_the_engine(
+    tiny_diffusion: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--slow-path`` / ``SLOTREAD_SLOW_PATHS`` leave the named fast paths off; an unknown name is refused
+    with the names there are, before anything loads."""
+
+    assert FastPaths.without(["cuda_graphs", "compiled"]).on() == [
+        "joint_encode",
+        "cudnn_attention",
+        "flash_attention",
+        "triton_kernels",
+    ]
+    monkeypatch.setenv("SLOTREAD_SLOW_PATHS", "joint_encode, compiled")
+    settings = DeciderSettings()
+    assert settings.slow_paths == ["joint_encode", "compiled"]
+    engine = make_engine(tiny_diffusion, slow_paths=settings.slow_paths)
+    assert isinstance(engine, DiffusionGemmaEngine) and engine.fast.on() == []
+    default = make_engine(tiny_diffusion)
+    assert isinstance(default, DiffusionGemmaEngine) and default.fast.on() == ["joint_encode"]
+    with pytest.raises(SettingsError, match="no fast path is called graphs; the fast paths: cuda_graphs"):
+        DeciderSettings(slow_paths=["graphs"])

@@ -25,7 +25,7 @@ as it reads the batch-invariant switch (``invariant.py``): two engines over one 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
@@ -71,6 +71,18 @@ class FastPaths:
     def on(self) -> list[str]:
         """The names of the fast paths switched on."""
         return [field.name for field in fields(self) if getattr(self, field.name)]
+
+    @classmethod
+    def without(cls, slow: Iterable[str]) -> FastPaths:
+        """Every fast path but those named (``--slow-path``); ValueError names an unknown one."""
+        unknown = sorted(set(slow) - set(NAMES))
+        if unknown:
+            raise ValueError(f"no fast path is called {', '.join(unknown)}; the fast paths: {', '.join(NAMES)}")
+        return cls(**dict.fromkeys(slow, False))
+
+
+#: the fast paths' names, as settings and ``--slow-path`` take them
+NAMES: tuple[str, ...] = tuple(field.name for field in fields(FastPaths))
 
 
 #: every fast path allowed: what a forward run outside an engine's read (a test, a benchmark) may take
