@@ -56,6 +56,11 @@ def _problems(exc: ValidationError) -> str:
     return "; ".join(said)
 
 
+def _comma_list(value: Any) -> Any:
+    """A list variable from the environment, as ``a,b,c`` (the flags give lists)."""
+    return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
+
+
 class ModelSettings(BaseSettings):
     """Which model, where: every entry point that loads one takes these."""
 
@@ -102,7 +107,7 @@ class ReadSettings(ModelSettings):
     @field_validator("slow_paths", mode="before")
     @classmethod
     def _split_slow_paths(cls, value: Any) -> Any:
-        return [name.strip() for name in value.split(",") if name.strip()] if isinstance(value, str) else value
+        return _comma_list(value)
 
     @field_validator("slow_paths")
     @classmethod
@@ -174,7 +179,7 @@ class DeciderSettings(ReadSettings):
     @field_validator("upstreams", mode="before")
     @classmethod
     def _split_upstreams(cls, value: Any) -> Any:
-        return [url.strip() for url in value.split(",") if url.strip()] if isinstance(value, str) else value
+        return _comma_list(value)
 
     @field_validator("upstreams")
     @classmethod
