@@ -84,7 +84,9 @@ def _batch(
                 model, schedule, cache, ends, canvas_seen, width, vocab, steps, stopping, generators
             )
             for row, tokens in enumerate(block.tolist()):
-                for token in tokens if writing[row] else ():
+                if not writing[row]:  # its thought ended: the row is computed along, its tokens dropped
+                    continue
+                for token in tokens:
                     if token in requests[row].stop_ids or len(thoughts[row]) == requests[row].max_tokens:
                         writing[row] = False
                         break
