@@ -1,7 +1,7 @@
 """Every entry point's configuration: one Settings class each, built once at the entry point and passed down.
 
     ModelSettings         which model, where: what every entry point that loads one takes
-    ├── ReadSettings      how an in-process engine reads (deterministic, prefix cache, rows per forward)
+    ├── ReadSettings      how an in-process engine reads (deterministic, prefix cache, rows, slow paths)
     │   ├── EngineSettings    ``slotread engine`` (environment prefix ``SLOTREAD_ENGINE_``)
     │   └── DeciderSettings   what a Decider serves with: ``slotread decide``, ``Decider.from_settings``
     │       └── Settings      ``slotread serve``: the server's address, auth, admission and body limits
