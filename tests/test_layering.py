@@ -14,7 +14,7 @@ PACKAGE = Path(slotread.__file__).parent
 
 #: the training entry points (``slotread calibrate``, ``slotread fit``) read labelled data through the
 #: Decider, as an evaluation does; they live beside what they fit, and nothing else in quality imports them
-TRAINING = {"api", "core", "decider", "engines", "eval", "models", "prompt", "quality"}
+TRAINING = {"api", "core", "decider", "engines", "eval", "models", "prompt", "quality", "settings"}
 #: what each layer may import from slotread (besides itself and the shared errors module); a module's
 #: layer is the longest key its dotted name below slotread starts with
 ALLOWED = {

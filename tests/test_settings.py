@@ -71,6 +71,17 @@ def test_the_deciders_keyword_defaults_are_the_settings_defaults() -> None:
     ]
 
 
+def test_fit_readouts_keyword_defaults_are_the_fit_settings_defaults() -> None:
+    from slotread.quality.readouts.train import fit_readout
+
+    settings = FitSettings(dataset="d", out="o")
+    parameters = inspect.signature(fit_readout).parameters
+    for name in ("features", "layout", "per_class", "holdout", "vote", "lexical", "batch_size"):
+        assert parameters[name].default == getattr(settings, name), name
+    assert list(parameters["l2"].default) == settings.l2
+    assert parameters["seed"].default == settings.sample_seed
+
+
 @pytest.mark.parametrize(
     ("argv", "settings"),
     [

@@ -58,9 +58,10 @@ from slotread.quality.examples.lexical import cross_fitted
 from slotread.quality.readouts.fusion import fit_fusion
 from slotread.quality.readouts.logistic import LogisticHead, fit_logistic
 from slotread.quality.readouts.readout import Features, Readout, read_features
+from slotread.settings import FitSettings
 
-#: L2 strengths tried by default (on standardised features, per item of the mean loss).
-L2_GRID = (1e-3, 1e-2, 1e-1)
+#: ``slotread fit``'s defaults, written once in ``FitSettings``
+DEFAULTS = FitSettings.model_construct()
 #: A held-out share smaller than this many items is replaced by cross-fitting over every item ...
 MIN_HELD_OUT = 200
 #: ... in this many folds.
@@ -143,19 +144,19 @@ def fit_readout(
     decider: Decider,
     data: Dataset,
     *,
-    features: Features = "hidden+logits",
-    layout: Layout | None = None,
-    per_class: int | None = 64,
-    holdout: float = 0.2,
-    seed: int = 0,
-    l2: Sequence[float] = L2_GRID,
+    features: Features = DEFAULTS.features,
+    layout: Layout | None = DEFAULTS.layout,
+    per_class: int | None = DEFAULTS.per_class,
+    holdout: float = DEFAULTS.holdout,
+    seed: int = DEFAULTS.sample_seed,
+    l2: Sequence[float] = tuple(DEFAULTS.l2),
     request_fields: dict[str, Any] | None = None,
     exclude: Dataset | None = None,
     drop_overlap: bool = False,
-    vote: int = 0,
-    lexical: bool = False,
+    vote: int = DEFAULTS.vote,
+    lexical: bool = DEFAULTS.lexical,
     encoder: SentenceEncoder | None = None,
-    batch_size: int = 16,
+    batch_size: int = DEFAULTS.batch_size,
     progress: bool = True,
 ) -> ReadoutFit:
     """Fit the readout of ``data``'s question (the module docstring's steps); ``request_fields`` are read
