@@ -112,7 +112,7 @@ class Decision:
     ``images``: decoded images placed in the state text (``core.images``), read by models with a
     vision tower. ``think``: a thought budget in tokens the model writes before each read
     (``core.thinking``; 0: none); ``steps``: denoise steps of a
-    DiffusionGemma read (``engines.denoise``; 1: the one-step read).
+    DiffusionGemma read (``engines.diffusion_gemma.denoise``; 1: the one-step read).
     """
 
     state: str
