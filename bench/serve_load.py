@@ -309,7 +309,10 @@ async def drive(url: str, workload: str, concurrency: int, seconds: float, seed:
             elif "retry-after-ms" in response.headers:
                 await asyncio.sleep(float(response.headers["retry-after-ms"]) / 1000)
 
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    # wait as long as the server may take to answer (its deadline, which the server inherits from the
+    # same environment), and a little longer
+    timeout = max(60.0, float(os.environ.get("SLOTREAD_REQUEST_DEADLINE_S", "8")) + 10)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         started = time.perf_counter()
         await asyncio.gather(*(worker(i, client) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
