@@ -112,7 +112,7 @@ def test_a_causal_model_answers_as_in_process(smollm2: LoadedModel, tmp_path: Pa
         gateway = Decider(smollm2.name, upstreams=[replica.url], upstream_timeout_s=30.0)
         try:
             assert gateway.engine.family == "causal"
-            assert isinstance(gateway.engine, RemoteEngine) and gateway.engine.segments  # a slotread replica
+            assert isinstance(gateway.engine, RemoteEngine) and gateway.engine.slotread  # a slotread replica
             in_process = Decider(smollm2).decide(request(0))
             assert in_process.pop("x_deterministic") is True  # one row per forward, the CPU default
             assert_close(gateway.decide(request(0)), in_process)
