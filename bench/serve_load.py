@@ -11,7 +11,8 @@ concurrency runs a client in a separate process: C workers post decisions back t
 its ``retry-after-ms``, as the official SDK does), first for ``--warmup`` seconds, then timed for
 ``--seconds``. Around the timed phase the client reads the server's ``/metrics``: the engine's prefix
 cache hits and misses, prompt and canvas tokens computed, CUDA graph captures, and the process's CPU
-time, each per decision. ``--engine-only`` then loads the model in this process and times
+time, each per decision; behind a gateway also the replicas' CPU time (``/proc/PID/stat``; they run
+on this host). ``--engine-only`` then loads the model in this process and times
 ``Engine.read`` alone on the reads the Decider renders for the same requests (a diagnostic).
 
 Workloads (text is random common words; a word is about 1.3 tokens):
