@@ -11,7 +11,8 @@ concurrency runs a client in a separate process: C workers post decisions back t
 its ``retry-after-ms``, as the official SDK does), first for ``--warmup`` seconds, then timed for
 ``--seconds``. Around the timed phase the client reads the server's ``/metrics``: the engine's prefix
 cache hits and misses, prompt and canvas tokens computed, CUDA graph captures, and the process's CPU
-time, each per decision. ``--engine-only`` then loads the model in this process and times
+time, each per decision; behind a gateway also the replicas' CPU time (``/proc/PID/stat``; they run
+on this host). ``--engine-only`` then loads the model in this process and times
 ``Engine.read`` alone on the reads the Decider renders for the same requests (a diagnostic).
 
 Workloads (text is random common words; a word is about 1.3 tokens):
@@ -328,13 +329,25 @@ async def drive(url: str, workload: str, concurrency: int, seconds: float, seed:
     }
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds the processes ``pids`` (a gateway's replicas, on this host) have used,
+    from Linux's ``/proc/PID/stat`` (utime and stime, in clock ticks)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def client_main(args: argparse.Namespace) -> None:
     """Warm up, then a timed phase between two scrapes; prints one JSON line."""
     asyncio.run(drive(args.url, args.workload, args.concurrency, args.warmup, seed=1))
-    before = scrape(args.url)
+    before, replicas_before = scrape(args.url), cpu_seconds(args.replica_pids)
     result = asyncio.run(drive(args.url, args.workload, args.concurrency, args.seconds, seed=2))
     after = scrape(args.url)
     result["counters"] = {name: after[name] - before.get(name, 0.0) for name in after}
+    if args.replica_pids:
+        result["counters"]["replica_cpu_seconds"] = cpu_seconds(args.replica_pids) - replicas_before
     print(json.dumps(result))
 
 
@@ -357,14 +370,14 @@ def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], 
         f"{percentile(latencies, 0.99) * 1000:.0f} | {statuses} | {new / decisions:.0f} | {share:.1%} | "
         f"{per('slotread_engine_prefix_cache_hits')} / {per('slotread_engine_prefix_cache_misses')} | "
         f"{counters.get('slotread_engine_graph_captures', 0):.0f} | {per('process_cpu_seconds_total', 1000)} | "
-        f"{per('slotread_engine_vision_runs')} |"
+        f"{per('replica_cpu_seconds', 1000)} | {per('slotread_engine_vision_runs')} |"
     )
 
 
 HEADER = (
     "| topology | workload | c | decisions/s | p50 ms | p99 ms | statuses | new tokens/dec | bf16 peak | "
-    "cache hits / misses per dec | graph captures | host CPU ms/dec | vision runs/dec |\n"
-    "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|"
+    "cache hits / misses per dec | graph captures | host CPU ms/dec | replica CPU ms/dec | vision runs/dec |\n"
+    "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"
 )
 
 
@@ -425,6 +438,8 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                         str(args.seconds),
                         "--warmup",
                         str(args.warmup),
+                        "--replica-pids",
+                        ",".join(str(replica.pid) for replica in replicas),
                     ],
                     capture_output=True,
                     text=True,
@@ -518,6 +533,7 @@ def main() -> None:
         parser.add_argument("--concurrency", type=int, required=True)
         parser.add_argument("--seconds", type=float, required=True)
         parser.add_argument("--warmup", type=float, required=True)
+        parser.add_argument("--replica-pids", default="", type=lambda s: [int(pid) for pid in s.split(",") if pid])
         client_main(parser.parse_args())
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

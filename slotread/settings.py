@@ -35,14 +35,18 @@ from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 
 Dtype = Literal["bfloat16", "float32"]
-#: decisions a gateway (``upstreams`` set) runs at once unless told otherwise
-GATEWAY_CONCURRENCY = 16
+#: decisions a gateway (``upstreams`` set) runs at once per replica unless told otherwise: what one
+#: ``slotread serve`` runs on a GPU (``GPU_DEFAULTS``), so a replica's batcher sees what the
+#: in-process server's does (bench/RESULTS.md: 16 against a client's 32 left the replica half fed)
+GATEWAY_CONCURRENCY = 32
 #: On a GPU a forward of 100 canvases costs little more than one of 10 (the weights are read once
 #: either way), so many decisions run at once and a queue that deep still answers in time; these
 #: replace the CPU defaults of the fields not set explicitly.
 GPU_DEFAULTS: dict[str, Any] = {"max_concurrency": 32, "queue_size": 256}
 #: canvases (rows) of one forward on a GPU unless ``max_batch`` says otherwise (``decider.make_engine``)
 GPU_BATCH = 128
+#: the most decisions a server runs at once
+MAX_CONCURRENCY = 256
 #: the address the servers listen on unless told otherwise: this machine only
 LOCALHOST = "127.0.0.1"
 
@@ -212,8 +216,9 @@ class Settings(DeciderSettings):
     #: decisions running at once; their reads are merged into one engine batch at a time. On a 2-core
     #: CPU two at once gave the same throughput as one at twice the latency (bench/load.py, the
     #: default model), so 1; on a GPU, where batches are cheap, 32 (``GPU_DEFAULTS``). With upstreams the default is
-    #: GATEWAY_CONCURRENCY: a gateway's decisions wait on the network, and the replicas batch them
-    max_concurrency: int = Field(1, ge=1, le=256)
+    #: GATEWAY_CONCURRENCY per replica (at most 256): a gateway's decisions wait on the network, and the
+    #: replicas batch them
+    max_concurrency: int = Field(1, ge=1, le=MAX_CONCURRENCY)
     #: decisions waiting for a slot; one more is answered 529 at once
     queue_size: int = Field(16, ge=0, le=100_000)
     #: seconds within which a decision should be answered: a request that could not get its slot in
@@ -231,7 +236,7 @@ class Settings(DeciderSettings):
     @model_validator(mode="after")
     def _gateway_concurrency(self) -> Settings:
         if self.upstreams and "max_concurrency" not in self.model_fields_set:
-            self.max_concurrency = GATEWAY_CONCURRENCY
+            self.max_concurrency = min(GATEWAY_CONCURRENCY * len(self.upstreams), MAX_CONCURRENCY)
         return self
 
     @model_validator(mode="after")

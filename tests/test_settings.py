@@ -49,6 +49,17 @@ def test_a_gpu_raises_the_limits_not_set_explicitly() -> None:
     assert (gateway.max_concurrency, gateway.queue_size) == (GATEWAY_CONCURRENCY, 16)
 
 
+def test_a_gateway_runs_what_its_replicas_take() -> None:
+    def upstreams(count: int) -> list[str]:
+        return [f"http://127.0.0.1:{8001 + index}" for index in range(count)]
+
+    assert GPU_DEFAULTS["max_concurrency"] == GATEWAY_CONCURRENCY  # a replica batches what one GPU server runs
+    assert Settings(upstreams=upstreams(1)).max_concurrency == 32
+    assert Settings(upstreams=upstreams(3)).max_concurrency == 96
+    assert Settings(upstreams=upstreams(9)).max_concurrency == 256  # the field's limit
+    assert Settings(upstreams=upstreams(3), max_concurrency=4).max_concurrency == 4  # an explicit value wins
+
+
 # Each default written once: the Decider's keyword defaults and the wire format's limits are the Settings'.
 
 

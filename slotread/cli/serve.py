@@ -55,7 +55,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     flag(
         "--max-concurrency",
         "decisions that run at once, their reads batched together (default {max_concurrency}; "
-        f"{GPU_DEFAULTS['max_concurrency']} on a GPU; {GATEWAY_CONCURRENCY} with --upstream)",
+        f"{GPU_DEFAULTS['max_concurrency']} on a GPU; {GATEWAY_CONCURRENCY} per --upstream replica)",
         type=int,
     )
     flag(

@@ -5,9 +5,10 @@ contract), ``GET /v1/models`` in vLLM's listing shape, and ``GET /healthz`` (als
 vLLM's path, so one health check serves both kinds of replica). The model is loaded before the
 server listens: a server that answers is ready.
 
-Every request is one read. Reads run in worker threads through a ``BatchingEngine``: the reads that
-arrive while the engine is busy go to it together in its next call, which the engine contract makes
-exact up to float rounding.
+A request is one read, or several (a ``prompt`` list of prompts, vLLM's batch form: a gateway sends
+the reads of one decision stage so, ``wire.batch_body``), which go to the engine in one call. Reads
+run in worker threads through a ``BatchingEngine``: the reads that arrive while the engine is busy
+go to it together in its next call, which the engine contract makes exact up to float rounding.
 
 Errors take vLLM's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for a body that
 breaks the contract (malformed JSON included), 404 for another model's name or an unknown route,
@@ -34,7 +35,7 @@ from transformers import PreTrainedModel
 
 from slotread.decider import make_engine
 from slotread.engines.base import Engine
-from slotread.engines.remote.wire import completion_response, parse_completion, read_request
+from slotread.engines.remote.wire import completion_response, parse_completions, read_request
 from slotread.errors import BodyTooLarge, InvalidRequest, UnknownModel, UnsupportedEncoding, WireError
 from slotread.models.load import LoadedModel, load_model
 from slotread.serve.batcher import BatchingEngine
@@ -43,8 +44,9 @@ from slotread.settings import EngineSettings
 
 #: A body holds token ids only: 8 MiB is over a million of them, past any model's context.
 MAX_BODY_BYTES = 8 * 2**20
-#: Reads waiting to be merged into the engine's next call, besides those in the call running now.
-#: The engines cut a call into forwards of 32 rows, so 64 keeps the next forward full.
+#: Requests (a read each, or a gateway's batch) waiting to be merged into the engine's next call,
+#: besides those in the call running now. The engines cut a call into forwards of 32 rows, so 64
+#: keeps the next forward full.
 READ_THREADS = 64
 
 
@@ -131,7 +133,7 @@ def create_engine_app(served: ServedEngine) -> FastAPI:
     @app.post("/v1/completions", summary="Read label logprobs at a prompt's next token or a canvas's positions")
     async def completions(request: Request) -> JSONResponse:
         body = await read_json(request, MAX_BODY_BYTES)
-        read = parse_completion(
+        reads = parse_completions(
             body,
             model=served.name,
             family=batcher.family,
@@ -140,8 +142,8 @@ def create_engine_app(served: ServedEngine) -> FastAPI:
         )
         assert pool is not None, "the lifespan starts the pool before the first request"
         loop = asyncio.get_running_loop()
-        (scores,) = await loop.run_in_executor(pool, batcher.read, [read_request(read)])
-        return JSONResponse(completion_response(read, scores, served.name))
+        scores = await loop.run_in_executor(pool, batcher.read, [read_request(read) for read in reads])
+        return JSONResponse(completion_response(reads, scores, served.name))
 
     @app.get("/v1/models", summary="The served model")
     async def models() -> dict[str, Any]:

@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from slotread.core.decide import question_text
 from slotread.core.questions import Option, Question
 from slotread.engines.base import ReadRequest, SlotScores
-from slotread.engines.remote.wire import completion_bodies, slot_scores
+from slotread.engines.remote.wire import batch_body, batch_responses, completion_bodies, slot_scores
 from slotread.models.load import LoadedModel
 from slotread.prompt.render import Renderer
 from slotread.serve.batcher import BatchingEngine
@@ -167,6 +167,45 @@ def test_concurrent_reads_go_to_the_engine_in_one_batch(tiny_diffusion: LoadedMo
     assert sizes == [1, 4]
     for remote, local in zip(results, alone, strict=True):
         assert_same_read(remote, local)
+
+
+def test_a_batch_body_is_read_in_one_engine_call(tiny_diffusion: LoadedModel) -> None:
+    """A gateway's reads of one stage in one body (two of them split over 207 labels) reach the engine as
+    one call, and each answers what it answers alone in process."""
+    served = ServedEngine.from_loaded(tiny_diffusion)
+    requests = [
+        render(tiny_diffusion, [URGENT], STATES[0]),
+        render(tiny_diffusion, [URGENT, INTENT, MOOD], STATES[1]),
+        render(tiny_diffusion, [MOOD], STATES[2]),
+    ]
+    bodies = [completion_bodies(request, "diffusion", served.name, served.vocab_size, True) for request in requests]
+    flat = [body for request_bodies in bodies for body in request_bodies]
+    assert len(flat) == 4
+    sizes: list[int] = []
+    app = create_engine_app(ServedEngine(served.name, BatchingEngine(served.engine, sizes.append), served.vocab_size))
+    with TestClient(app) as client:
+        response = client.post("/v1/completions", json=batch_body(flat))
+    assert response.status_code == 200, response.text
+    assert sizes == [4]
+    answers = batch_responses(response.json(), len(flat))
+    local = ServedEngine.from_loaded(tiny_diffusion).engine
+    start = 0
+    for request, request_bodies in zip(requests, bodies, strict=True):
+        remote = slot_scores(request, request_bodies, answers[start : start + len(request_bodies)])
+        assert_same_read(remote, local.read([request])[0])
+        start += len(request_bodies)
+    assert response.json()["usage"]["prompt_tokens"] == sum(len(body["prompt"]) for body in flat)
+
+
+def test_a_bad_read_in_a_batch_is_a_400_naming_it(
+    diffusion: tuple[TestClient, ServedEngine], tiny_diffusion: LoadedModel
+) -> None:
+    client, served = diffusion
+    body = diffusion_body(served, tiny_diffusion)
+    batch = batch_body([body, dict(body, logprob_token_ids=[VOCAB])])
+    response = client.post("/v1/completions", json=batch)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "x_reads[1].logprob_token_ids"
 
 
 # -- errors ------------------------------------------------------------------------------------------

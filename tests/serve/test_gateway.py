@@ -105,6 +105,24 @@ def test_answers_equal_the_in_process_answers(gateway: Live, tiny_diffusion: Loa
     assert response.json()["answers"]["escalate"] is not None
 
 
+def test_a_stages_reads_reach_the_replicas_in_one_request(gateway: Live, diffusion_replicas: list[Replica]) -> None:
+    """SHORT is one stage of two reads (a yes/no and a 3-option choice): one HTTP request to one replica."""
+
+    def requests_sent() -> float:
+        with gateway.client() as client:
+            text = client.get("/metrics").text
+        return sum(
+            metric(text, "slotread_upstream_requests_total", replica.url, "ok") for replica in diffusion_replicas
+        )
+
+    before = requests_sent()
+    with gateway.client() as client:
+        response = client.post("/v1/systemone", json=request(5, questions=SHORT))
+    assert response.status_code == 200, response.text
+    assert set(response.json()["answers"]) == set(SHORT)
+    assert requests_sent() == before + 1
+
+
 def test_a_causal_model_answers_as_in_process(smollm2: LoadedModel, tmp_path: Path) -> None:
     replica = Replica(smollm2.name, tmp_path / "engine.log").start()
     try:
@@ -112,7 +130,7 @@ def test_a_causal_model_answers_as_in_process(smollm2: LoadedModel, tmp_path: Pa
         gateway = Decider(smollm2.name, upstreams=[replica.url], upstream_timeout_s=30.0)
         try:
             assert gateway.engine.family == "causal"
-            assert isinstance(gateway.engine, RemoteEngine) and gateway.engine.segments  # a slotread replica
+            assert isinstance(gateway.engine, RemoteEngine) and gateway.engine.slotread  # a slotread replica
             in_process = Decider(smollm2).decide(request(0))
             assert in_process.pop("x_deterministic") is True  # one row per forward, the CPU default
             assert_close(gateway.decide(request(0)), in_process)

@@ -4,13 +4,16 @@ A replica is a ``slotread engine`` server or vLLM serving the same model. A read
 completions bodies (``wire.completion_bodies``: one per 128 label ids, vLLM's cap, with a
 DiffusionGemma canvas noised here from the read's seed), every body of one ``read`` call (all reads
 of a decision stage) goes out at once through the ``ReplicaPool``, and the answers are assembled
-back into ``SlotScores`` (``wire.slot_scores``). Over all callers at most ``max_in_flight`` bodies
-are in flight.
+back into ``SlotScores`` (``wire.slot_scores``). To vLLM each body is its own request. When every
+replica is a slotread engine, the bodies of one call go in one request (``wire.batch_body``, up to
+``BATCH`` bodies each), which the replica reads as one engine batch: one HTTP round trip and one
+JSON body per decision stage instead of one per read. Over all callers at most ``max_in_flight``
+requests are in flight.
 
 At construction every replica is asked for ``GET /v1/models``: one serving another model stops
 start-up with ModelLoadError, and ``max_tokens`` is the smallest ``max_model_len`` among those that
 answered. A replica that joins later (or comes back after a restart) is admitted only if it serves
-the model with at least that length.
+the model with at least that length, and, where the gateway batches, is a slotread engine.
 
 vLLM's API returns no hidden states: a request's ``hidden`` flag is ignored and ``SlotScores.hidden``
 stays None (learned readouts on hidden states are refused above the engine, see ``quality.readouts``).
@@ -27,14 +30,16 @@ import httpx
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
 from slotread.engines.remote.pool import ReplicaPool
-from slotread.engines.remote.wire import completion_bodies, slot_scores
+from slotread.engines.remote.wire import batch_body, batch_responses, completion_bodies, slot_scores
 from slotread.errors import ModelLoadError, SlotreadError, UpstreamError, WireError
 
 logger = logging.getLogger(__name__)
 
 COMPLETIONS = "/v1/completions"
-#: bodies in flight at once over all decisions: enough to keep a few GPU replicas' batches full
+#: requests in flight at once over all decisions: enough to keep a few GPU replicas' batches full
 MAX_IN_FLIGHT = 64
+#: bodies of one call sent to a slotread replica in one request; a larger call is spread over several
+BATCH = 64
 
 
 def served_length(listing: Any, model: str) -> int:
@@ -71,6 +76,15 @@ def upstream_model(urls: Sequence[str], *, timeout_s: float) -> str:
     raise SlotreadError(f"no upstream said which one model it serves ({'; '.join(problems)}); name it with --model")
 
 
+def _owned_by_slotread(listing: Any, model: str) -> bool:
+    """Whether a ``GET /v1/models`` answer lists ``model`` as a slotread engine's (``owned_by: "slotread"``)."""
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    return any(
+        isinstance(entry, dict) and entry.get("id") == model and entry.get("owned_by") == "slotread"
+        for entry in entries or ()
+    )
+
+
 class RemoteEngine:
     """Reads label logits on remote replicas of ``model``; ``close`` stops its health checks."""
 
@@ -91,8 +105,9 @@ class RemoteEngine:
         self.model = model
         self._vocab_size = vocab_size
         self.pool = ReplicaPool(urls, timeout_s=timeout_s, health_interval_s=health_interval_s)
-        #: send each read's segment ends (``wire.completion_bodies``): every replica that answered is slotread's
-        self.segments = False
+        #: every replica that answered is a slotread engine: send each read's segment ends
+        #: (``wire.completion_bodies``), and the reads of one call together (``wire.batch_body``)
+        self.slotread = False
         try:
             self.max_tokens = self._served_length()
             self.pool.start(self._refusal)
@@ -113,26 +128,38 @@ class RemoteEngine:
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
         """One ``SlotScores`` per request, in order; raises UpstreamUnavailable or UpstreamError."""
         bodies = [
-            completion_bodies(request, self.family, self.model, self._vocab_size, self.segments) for request in requests
+            completion_bodies(request, self.family, self.model, self._vocab_size, self.slotread) for request in requests
         ]
-        futures: list[list[Future[Any]]] = [
-            [self._executor.submit(self.pool.post, COMPLETIONS, body) for body in request_bodies]
-            for request_bodies in bodies
-        ]
+        flat = [body for request_bodies in bodies for body in request_bodies]
         try:
-            answers = [[future.result() for future in request_futures] for request_futures in futures]
-        except BaseException:
-            for request_futures in futures:
-                for future in request_futures:
-                    future.cancel()
-            raise
-        try:
-            return [
-                slot_scores(request, request_bodies, request_answers)
-                for request, request_bodies, request_answers in zip(requests, bodies, answers, strict=True)
-            ]
+            if self.slotread:
+                batches = [flat[start : start + BATCH] for start in range(0, len(flat), BATCH)]
+                answers = self._post_all([batch_body(batch) for batch in batches])
+                flat_answers = [
+                    one
+                    for batch, answer in zip(batches, answers, strict=True)
+                    for one in batch_responses(answer, len(batch))
+                ]
+            else:
+                flat_answers = self._post_all(flat)
+            scores, start = [], 0
+            for request, request_bodies in zip(requests, bodies, strict=True):
+                end = start + len(request_bodies)
+                scores.append(slot_scores(request, request_bodies, flat_answers[start:end]))
+                start = end
+            return scores
         except WireError as exc:
             raise UpstreamError(f"an upstream answered a read without what it asked for: {exc}") from exc
+
+    def _post_all(self, bodies: list[Any]) -> list[Any]:
+        """POST every body to the pool at once; their answers in order. One failure cancels the rest."""
+        futures: list[Future[Any]] = [self._executor.submit(self.pool.post, COMPLETIONS, body) for body in bodies]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
     def close(self) -> None:
         """Stop sending reads and checking replicas."""
@@ -141,7 +168,7 @@ class RemoteEngine:
 
     def _served_length(self) -> int:
         """The smallest ``max_model_len`` among the replicas that answer; refuse one serving another model.
-        Notes whether they are all slotread engines (``segments``)."""
+        Notes whether they are all slotread engines (``slotread``)."""
         lengths, unreachable, owners = [], [], set()
         for replica in self.pool.replicas:
             try:
@@ -157,12 +184,12 @@ class RemoteEngine:
                 lengths.append(served_length(listing, self.model))
             except ValueError as exc:
                 raise ModelLoadError(self.model, f"upstream {replica.url} {exc}") from None
-            owners |= {e.get("owned_by") for e in listing["data"] if isinstance(e, dict) and e.get("id") == self.model}
+            owners.add(_owned_by_slotread(listing, self.model))
         if not lengths:
             raise ModelLoadError(self.model, "no upstream answered GET /v1/models (" + "; ".join(unreachable) + ")")
         for problem in unreachable:
             logger.warning("upstream %s; it joins once it answers", problem)
-        self.segments = owners == {"slotread"}
+        self.slotread = owners == {True}
         return min(lengths)
 
     def _refusal(self, listing: Any) -> str | None:
@@ -173,4 +200,6 @@ class RemoteEngine:
             return str(exc)
         if length < self.max_tokens:
             return f"its max_model_len {length} is below the {self.max_tokens} the gateway renders for"
+        if self.slotread and not _owned_by_slotread(listing, self.model):
+            return "it is not a slotread engine, and the gateway sends its reads in slotread's batches"
         return None

@@ -1,9 +1,10 @@
 """The engine wire: a slot read as a vLLM ``POST /v1/completions`` body, and vLLM's response as scores.
 
 Both ends use this module and nothing else of the wire: a remote engine builds bodies
-(``completion_bodies``) and reads responses (``slot_scores``); ``slotread engine`` checks a body
-(``parse_completion``), reads it (``read_request``) and answers (``completion_response``). It knows
-token ids only, and imports no server package.
+(``completion_bodies``, joined by ``batch_body`` for a slotread replica) and reads responses
+(``batch_responses``, ``slot_scores``); ``slotread engine`` checks a body (``parse_completions``),
+reads it (``read_request``) and answers (``completion_response``). It knows token ids only, and
+imports no server package.
 
 Request, one per at most 128 distinct label ids (a read that needs more is split over several)::
 
@@ -21,6 +22,18 @@ Request, one per at most 128 distinct label ids (a read that needs more is split
                                            (diffusion_max_steps: k, up to 8) pins every position
                                            but its slots
      "x_segment_ends": [int, ...]}      slotread replicas only: where the prompt's segments end inside it
+
+A slotread replica also takes several reads in one body (``batch_body``): vLLM's batch form, ``prompt``
+a list of prompts, with what each read asks for on its own in ``x_reads`` (``PER_READ``: an entry's
+fields replace the top level's for its prompt)::
+
+    {"model": str, "prompt": [[int, ...], ...], "temperature": 0, "logprobs": 1,
+     "return_tokens_as_token_ids": true,
+     "x_reads": [{"max_tokens": int, "logprob_token_ids": [...], "vllm_xargs": {...},
+                  "x_segment_ends": [...]}, ...]}        one per prompt, at most 256
+
+and answers with one choice per prompt, ``index`` its place, in the response below; ``usage`` sums
+them. The replica reads them in one engine call.
 
 Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1
 (the decoder's clean-token prediction at each after one read-only step)::
@@ -41,7 +54,8 @@ remote read answers what the in-process read answers.
 (instructions, state, question) end, which a slotread engine's prefix cache is keyed by. Without it
 ``slotread engine`` read every prompt as one segment and re-encoded the 1,500-token instructions
 shared by every read (bench/RESULTS.md: the gateway at 0.14x of the in-process server). A gateway sends
-it only when every replica lists itself ``owned_by: "slotread"``; vLLM caches prefixes by blocks.
+it, and batches, only when every replica lists itself ``owned_by: "slotread"``; vLLM caches prefixes
+by blocks, and takes one set of sampling fields per request where the reads of a stage differ.
 
 What is vLLM's documented OpenAI-compatible API: token-id prompts, ``max_tokens``, ``logprobs``,
 ``return_tokens_as_token_ids`` and its ``token_id:N`` spelling, ``vllm_xargs``, the response shape,
@@ -75,6 +89,10 @@ MAX_LOGPROB_TOKEN_IDS = 128
 LOGPROB_FLOOR = -9999.0
 #: how ``return_tokens_as_token_ids`` spells a token
 TOKEN_PREFIX = "token_id:"
+#: the fields in which the reads of one batched body (``batch_body``) differ; the rest they share
+PER_READ = ("max_tokens", "logprob_token_ids", "vllm_xargs", "x_segment_ends")
+#: prompts one batched body may carry
+MAX_BATCH = 256
 
 #: the ``vllm_xargs`` this wire knows
 XARGS = (
@@ -152,6 +170,33 @@ def completion_bodies(
                 body["vllm_xargs"]["diffusion_pinned"] = list(pinned)
         bodies.append(body)
     return bodies
+
+
+def batch_body(bodies: Sequence[Body]) -> Body:
+    """One body that reads all of ``bodies`` (``completion_bodies`` of one model) on a slotread replica:
+    their prompts as vLLM's list of prompts, the fields they differ in (``PER_READ``) in ``x_reads``,
+    one entry per prompt. The answer's choice ``i`` is body ``i``'s (``batch_responses``)."""
+    if not bodies or len(bodies) > MAX_BATCH:
+        raise ValueError(f"a batch holds 1 to {MAX_BATCH} bodies, not {len(bodies)}")
+    shared = {key: value for key, value in bodies[0].items() if key != "prompt" and key not in PER_READ}
+    return {
+        **shared,
+        "prompt": [body["prompt"] for body in bodies],
+        "x_reads": [{key: body[key] for key in PER_READ if key in body} for body in bodies],
+    }
+
+
+def batch_responses(response: Any, count: int) -> list[Body]:
+    """The answer to each of the ``count`` bodies of a ``batch_body``, in order, each shaped as the
+    answer to that body alone (for ``slot_scores``); WireError when a choice is missing."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if not isinstance(choices, list) or len(choices) != count:
+        raise WireError(f"the response must hold {count} choices, one per prompt", "choices")
+    by_index = {choice.get("index"): choice for choice in choices if isinstance(choice, dict)}
+    missing = next((index for index in range(count) if index not in by_index), None)
+    if missing is not None:
+        raise WireError(f"the response has no choice of index {missing}", "choices")
+    return [{"choices": [by_index[index]]} for index in range(count)]
 
 
 @dataclass(frozen=True)
@@ -267,6 +312,57 @@ class CompletionRead:
     def positions(self) -> int:
         """How many positions the response reports."""
         return 1 if self.canvas is None else len(self.canvas)
+
+
+def parse_completions(
+    body: Any, *, model: str, family: Family, vocab_size: int, max_model_len: int
+) -> list[CompletionRead]:
+    """The reads of a completions body, each checked as ``parse_completion`` checks one: a body whose
+    ``prompt`` is a list of prompts (vLLM's batch form, ``batch_body``) reads each, with its own
+    ``PER_READ`` fields from ``x_reads`` (the top level's where an entry leaves one out); an error in
+    one names it (``prompt[i]``, ``x_reads[i].FIELD``)."""
+    prompts = body.get("prompt") if isinstance(body, dict) else None
+    if not (isinstance(prompts, list) and prompts and all(isinstance(prompt, list) for prompt in prompts)):
+        if isinstance(body, dict) and "x_reads" in body:
+            raise WireError("x_reads needs prompt to be a list of prompts, one per entry", "x_reads")
+        return [parse_completion(body, model=model, family=family, vocab_size=vocab_size, max_model_len=max_model_len)]
+    assert isinstance(body, dict)
+    if len(prompts) > MAX_BATCH:
+        raise WireError(f"prompt holds {len(prompts)} prompts; at most {MAX_BATCH} per request", "prompt")
+    overrides = body.get("x_reads", [{}] * len(prompts))
+    if not isinstance(overrides, list) or len(overrides) != len(prompts):
+        raise WireError(f"x_reads must be a list of {len(prompts)} objects, one per prompt", "x_reads")
+    shared = {key: value for key, value in body.items() if key not in ("prompt", "x_reads")}
+    reads = []
+    for index, (prompt, override) in enumerate(zip(prompts, overrides, strict=True)):
+        if not isinstance(override, dict):
+            raise WireError(f"x_reads[{index}] must be an object", f"x_reads[{index}]")
+        unknown = next((key for key in override if key not in PER_READ), None)
+        if unknown is not None:
+            raise WireError(
+                f"x_reads[{index}].{unknown}: an entry holds only {', '.join(PER_READ)}", f"x_reads[{index}].{unknown}"
+            )
+        try:
+            reads.append(
+                parse_completion(
+                    {**shared, "prompt": prompt, **override},
+                    model=model,
+                    family=family,
+                    vocab_size=vocab_size,
+                    max_model_len=max_model_len,
+                )
+            )
+        except WireError as exc:
+            root = (exc.param or "").split(".")[0]
+            param = (
+                f"prompt[{index}]"
+                if root == "prompt"
+                else f"x_reads[{index}].{exc.param}"
+                if root in override
+                else exc.param
+            )
+            raise WireError(f"prompt {index}: {exc.message}", param) from None
+    return reads
 
 
 def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, max_model_len: int) -> CompletionRead:
@@ -442,8 +538,30 @@ def read_request(read: CompletionRead) -> ReadRequest:
     return ReadRequest(prompt=prompt, canvas=read.canvas, slots=slots, seed=None, steps=read.steps, pinned=read.pinned)
 
 
-def completion_response(read: CompletionRead, scores: SlotScores, model: str) -> Body:
-    """The vLLM response body for ``scores``, the result of ``read_request(read)``."""
+def completion_response(reads: Sequence[CompletionRead], scores: Sequence[SlotScores], model: str) -> Body:
+    """The vLLM response body for ``scores``, the results of ``read_request`` on each of ``reads``: one
+    choice per read, ``index`` its place in the body's prompts."""
+    choices = [
+        _choice(index, read, read_scores) for index, (read, read_scores) in enumerate(zip(reads, scores, strict=True))
+    ]
+    prompt_tokens = sum(len(read.prompt) for read in reads)
+    completion_tokens = sum(read.positions for read in reads)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _choice(index: int, read: CompletionRead, scores: SlotScores) -> Body:
+    """One choice of a response: the argmax and the requested ids' log-probabilities at each position."""
     tokens, token_logprobs, top_logprobs = [], [], []
     for p in range(read.positions):
         shift = scores.log_normalizer[p]
@@ -461,18 +579,7 @@ def completion_response(read: CompletionRead, scores: SlotScores, model: str) ->
         "text_offset": [0] * read.positions,  # the text is empty: tokens go as ids
         "top_logprobs": top_logprobs,
     }
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": logprobs}],
-        "usage": {
-            "prompt_tokens": len(read.prompt),
-            "completion_tokens": read.positions,
-            "total_tokens": len(read.prompt) + read.positions,
-        },
-    }
+    return {"index": index, "text": "", "finish_reason": "length", "logprobs": logprobs}
 
 
 def _floored(logprob: float) -> float:

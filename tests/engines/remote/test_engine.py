@@ -6,22 +6,29 @@ and start-up must refuse replicas that serve another model.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
 from slotread.engines.base import ReadRequest, Slot, SlotScores
 from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
+from slotread.engines.remote import engine as remote_engine_module
 from slotread.engines.remote.engine import RemoteEngine
 from slotread.engines.remote.wire import completion_bodies
 from slotread.errors import ModelLoadError
 from slotread.models.load import LoadedModel
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE
+from slotread.serve.engine_app import ServedEngine, create_engine_app
 from tests.engines.remote.replicas import Replica, free_port
+from tests.serve.live import live_server
 
 VOCAB = GEMMA4_VOCAB_SIZE
 
@@ -77,8 +84,75 @@ def test_reads_score_what_the_in_process_engine_scores(remote: RemoteEngine, tin
     for theirs, ours in zip(remote.read(requests), local.read(requests), strict=True):
         assert_same_scores(theirs, ours)
     assert remote.max_tokens == local.max_tokens  # the replicas' max_model_len
-    # Four bodies at once go to both replicas (fewest outstanding, ties in turn).
-    assert all(stats.outcomes.get("ok", 0) >= 1 for stats in remote.pool.stats())
+
+
+def requests_sent(engine: RemoteEngine) -> int:
+    return sum(stats.outcomes.get("ok", 0) for stats in engine.pool.stats())
+
+
+def test_a_calls_reads_reach_a_slotread_replica_in_one_request(
+    remote: RemoteEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert remote.slotread  # both replicas list themselves owned_by slotread
+    requests = random_requests()
+    before = requests_sent(remote)
+    whole = remote.read(requests)  # four bodies
+    assert requests_sent(remote) == before + 1
+    # a call of more than BATCH bodies is spread over several requests, each answered in its place
+    monkeypatch.setattr(remote_engine_module, "BATCH", 3)
+    before = requests_sent(remote)
+    for theirs, ours in zip(remote.read(requests), whole, strict=True):
+        assert_same_scores(theirs, ours)
+    assert requests_sent(remote) == before + 2
+
+
+def as_vllm(app: FastAPI, bodies: list[Any]) -> FastAPI:
+    """The engine app listing its model as vLLM does (``owned_by: "vllm"``), keeping every completions body."""
+
+    @app.middleware("http")
+    async def listed_as_vllm(request: Request, call_next: Any) -> Response:
+        if request.url.path == "/v1/completions":
+            bodies.append(json.loads(await request.body()))
+        response = await call_next(request)
+        if request.url.path != "/v1/models":
+            return response
+        listing = json.loads(b"".join([chunk async for chunk in response.body_iterator]))
+        for entry in listing["data"]:
+            entry["owned_by"] = "vllm"
+        return JSONResponse(listing)
+
+    return app
+
+
+def test_a_vllm_replica_gets_one_plain_body_per_read(tiny_diffusion: LoadedModel) -> None:
+    served = ServedEngine.from_loaded(tiny_diffusion)
+    bodies: list[Any] = []
+    requests = random_requests()
+    with live_server(as_vllm(create_engine_app(served), bodies), ready=False) as live:
+        engine = remote_engine([live.url], served.name)
+        try:
+            assert not engine.slotread
+            scores = engine.read(requests)
+            # once the gateway batches, a replica that is not a slotread engine may not join
+            assert remote_refusal(engine, "vllm") is None
+        finally:
+            engine.close()
+    assert len(bodies) == 4  # one per 128 labels of each read
+    assert all(type(body["prompt"][0]) is int and not any(key.startswith("x_") for key in body) for body in bodies)
+    for theirs, ours in zip(scores, DiffusionGemmaEngine(tiny_diffusion.model).read(requests), strict=True):
+        assert_same_scores(theirs, ours)
+
+
+def remote_refusal(engine: RemoteEngine, owner: str) -> str | None:
+    listing = {"data": [{"id": engine.model, "max_model_len": engine.max_tokens, "owned_by": owner}]}
+    return engine._refusal(listing)
+
+
+def test_a_batching_gateway_admits_slotread_replicas_only(remote: RemoteEngine) -> None:
+    assert remote_refusal(remote, "slotread") is None
+    assert remote_refusal(remote, "vllm") == (
+        "it is not a slotread engine, and the gateway sends its reads in slotread's batches"
+    )
 
 
 def test_a_replica_serving_another_model_stops_start_up(diffusion_replicas: list[Replica]) -> None:

@@ -16,11 +16,15 @@ import pytest
 from slotread.engines.base import ReadRequest, Slot, SlotScores
 from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.engines.remote.wire import (
+    MAX_BATCH,
     MAX_LOGPROB_TOKEN_IDS,
     CompletionRead,
+    batch_body,
+    batch_responses,
     completion_bodies,
     completion_response,
     parse_completion,
+    parse_completions,
     read_request,
     slot_scores,
 )
@@ -258,7 +262,7 @@ def test_the_response_reports_logit_minus_normalizer_at_every_position() -> None
         argmax_logit=(1.0, 3.0),
         log_normalizer=(1.5, 4.0),
     )
-    body = completion_response(read, scores, MODEL)
+    body = completion_response([read], [scores], MODEL)
     json.dumps(body, allow_nan=False)  # strict JSON: no -inf, no NaN
     assert body["id"].startswith("cmpl-") and type(body["created"]) is int
     assert {k: body[k] for k in ("object", "model")} == {"object": "text_completion", "model": MODEL}
@@ -284,7 +288,7 @@ def test_without_requested_ids_only_the_argmax_is_reported() -> None:
     read = CompletionRead(prompt=(1, 2), canvas=None, token_ids=())
     assert read_request(read).slots == (Slot(0, (0,)),)  # the stand-in label
     scores = SlotScores((np.array([2.0], dtype=np.float32),), (0.1,), (False,), (7,), (3.0,), (3.25,))
-    logprobs = completion_response(read, scores, MODEL)["choices"][0]["logprobs"]
+    logprobs = completion_response([read], [scores], MODEL)["choices"][0]["logprobs"]
     assert logprobs["top_logprobs"] == [{"token_id:7": -0.25}]
 
 
@@ -305,7 +309,7 @@ def test_a_round_trip_keeps_the_label_softmax_the_mass_and_the_argmax() -> None:
         argmax_logit=tuple(float(row.max()) for row in full),
         log_normalizer=tuple(normalizer),
     )
-    client = slot_scores(request, [body], [json.loads(json.dumps(completion_response(read, server, MODEL)))])
+    client = slot_scores(request, [body], [json.loads(json.dumps(completion_response([read], [server], MODEL)))])
 
     for index, slot in enumerate(request.slots):
         row = full[slot.position, list(slot.label_ids)].astype(np.float64)
@@ -445,3 +449,117 @@ def test_bad_segment_ends_are_refused(ends: Any) -> None:
     with pytest.raises(WireError) as caught:
         parse(edited(x_segment_ends=ends))
     assert caught.value.param == "x_segment_ends"
+
+
+# -- several reads in one body (slotread replicas) ----------------------------------------------------
+
+
+def batch_reads() -> list[ReadRequest]:
+    """A read of 300 labels (three bodies), a plain one, and one without a seed on a shorter canvas."""
+    many = tuple(range(1_000, 1_300))
+    return [
+        ReadRequest(prompt=PROMPT, canvas=CANVAS, slots=(Slot(2, many),), seed=5),
+        diffusion_request(),
+        ReadRequest(prompt=(PROMPT[0], (9, 10)), canvas=CANVAS[:4], slots=(Slot(1, LABELS),), seed=None),
+    ]
+
+
+def parse_all(body: Any, **served: Any) -> list[CompletionRead]:
+    options = {"model": MODEL, "family": "diffusion", "vocab_size": VOCAB, "max_model_len": 4096, **served}
+    return parse_completions(json.loads(json.dumps(body)), **options)  # type: ignore[arg-type]
+
+
+def test_a_batch_carries_every_body_and_the_server_reads_each_as_alone() -> None:
+    bodies = [body for read in batch_reads() for body in completion_bodies(read, "diffusion", MODEL, VOCAB, True)]
+    assert len(bodies) == 5
+    batch = batch_body(bodies)
+    assert batch["prompt"] == [body["prompt"] for body in bodies]
+    assert len(batch["x_reads"]) == 5 and "logprob_token_ids" not in batch and "vllm_xargs" not in batch
+    assert batch["x_reads"][4]["x_segment_ends"] == [len(PROMPT[0])]
+    assert parse_all(batch) == [parse(body) for body in bodies]
+    # a single body is still one read
+    assert parse_all(bodies[1]) == [parse(bodies[1])]
+    # vLLM's own batch form (no x_reads) reads every prompt with the top level's fields
+    plain = {**bodies[3], "prompt": [bodies[3]["prompt"], bodies[3]["prompt"][:5]]}
+    assert parse_all(plain) == [parse(bodies[3]), parse({**bodies[3], "prompt": bodies[3]["prompt"][:5]})]
+
+
+def test_a_batch_answer_splits_into_each_bodys_answer() -> None:
+    requests = batch_reads()
+    bodies = [completion_bodies(read, "diffusion", MODEL, VOCAB, True) for read in requests]
+    flat = [body for request_bodies in bodies for body in request_bodies]
+    reads = parse_all(batch_body(flat))
+    rng = np.random.default_rng(0)
+    scores = []
+    for read in reads:
+        full = rng.normal(size=(read.positions, 8)).astype(np.float32)
+        scores.append(
+            SlotScores(
+                logits=tuple(
+                    np.linspace(-3, -1, len(read.token_ids), dtype=np.float32) + p for p in range(read.positions)
+                ),
+                label_mass=(0.0,) * read.positions,
+                argmax_is_label=(False,) * read.positions,
+                argmax_id=tuple(int(row.argmax()) for row in full),
+                argmax_logit=(0.0,) * read.positions,
+                log_normalizer=(0.0,) * read.positions,
+            )
+        )
+    answer = json.loads(json.dumps(completion_response(reads, scores, MODEL)))
+    assert [choice["index"] for choice in answer["choices"]] == [0, 1, 2, 3, 4]
+    assert answer["usage"]["prompt_tokens"] == sum(len(body["prompt"]) for body in flat)
+    answer["choices"].reverse()  # an answer's choices are placed by index, not by order
+    split = batch_responses(answer, len(flat))
+    alone = [
+        completion_response([read], [score], MODEL)["choices"][0] for read, score in zip(reads, scores, strict=True)
+    ]
+    assert [one["choices"][0] for one in split] == [dict(choice, index=i) for i, choice in enumerate(alone)]
+    first = slot_scores(requests[0], bodies[0], split[:3])
+    assert len(first.logits[0]) == 300
+    with pytest.raises(WireError, match="5 choices"):
+        batch_responses({"choices": answer["choices"][:4]}, 5)
+    answer["choices"][0]["index"] = 7
+    with pytest.raises(WireError, match="no choice of index 4"):
+        batch_responses(answer, 5)
+
+
+def bad_batch(edit: str) -> dict[str, Any]:
+    bodies = [body for read in batch_reads()[1:] for body in completion_bodies(read, "diffusion", MODEL, VOCAB, True)]
+    batch = batch_body(bodies)
+    if edit == "label":
+        batch["x_reads"][1]["logprob_token_ids"] = [VOCAB]
+    elif edit == "prompt":
+        batch["prompt"][1] = []
+    elif edit == "shared":
+        batch["temperature"] = 1
+    elif edit == "unknown":
+        batch["x_reads"][0]["prompt"] = [1]
+    elif edit == "count":
+        batch["x_reads"].pop()
+    elif edit == "entry":
+        batch["x_reads"][1] = 4
+    elif edit == "many":
+        batch["prompt"] *= MAX_BATCH
+        batch["x_reads"] *= MAX_BATCH
+    elif edit == "single":
+        batch["prompt"] = batch["prompt"][0]
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("edit", "param", "words"),
+    [
+        ("label", "x_reads[1].logprob_token_ids", "prompt 1: logprob_token_ids: token id 262144 is out of vocabulary"),
+        ("prompt", "prompt[1]", "prompt 1: prompt: empty"),
+        ("shared", "temperature", "prompt 0: temperature must be 0"),
+        ("unknown", "x_reads[0].prompt", "an entry holds only max_tokens"),
+        ("count", "x_reads", "a list of 2 objects, one per prompt"),
+        ("entry", "x_reads[1]", "must be an object"),
+        ("many", "prompt", f"at most {MAX_BATCH} per request"),
+        ("single", "x_reads", "x_reads needs prompt to be a list of prompts"),
+    ],
+)
+def test_a_bad_batch_is_refused_naming_the_read_and_field(edit: str, param: str, words: str) -> None:
+    with pytest.raises(WireError) as caught:
+        parse_all(bad_batch(edit))
+    assert caught.value.param == param and words in caught.value.message
