@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from slotread.api.images import DEFAULT_IMAGE_LIMITS, ImageLimits
@@ -63,6 +63,10 @@ def _problems(exc: ValidationError) -> str:
 def _comma_list(value: Any) -> Any:
     """A list variable from the environment, as ``a,b,c`` (the flags give lists)."""
     return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
+
+
+#: a list of names, ``a,b,c`` in the environment
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
 
 
 class ModelSettings(BaseSettings):
@@ -106,12 +110,7 @@ class ReadSettings(ModelSettings):
     max_batch: int | None = Field(None, ge=1, le=4096)
     #: DiffusionGemma fast paths to leave off, each then reading by its reference road
     #: (``engines/diffusion_gemma/fast_paths.py`` says what each is); the start-up log lists those on
-    slow_paths: Annotated[list[str], NoDecode] = Field(default_factory=list)
-
-    @field_validator("slow_paths", mode="before")
-    @classmethod
-    def _split_slow_paths(cls, value: Any) -> Any:
-        return _comma_list(value)
+    slow_paths: CommaList = Field(default_factory=list)
 
     @field_validator("slow_paths")
     @classmethod
@@ -140,7 +139,7 @@ class DeciderSettings(ReadSettings):
     #: base URLs of remote engines (``slotread engine`` or vLLM servers of ``model``, by that name); when set,
     #: the Decider loads only the tokenizer (``device`` and ``dtype`` are the replicas' business) and sends
     #: its reads to them (``RemoteEngine``). ``SLOTREAD_UPSTREAMS``: comma-separated
-    upstreams: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    upstreams: CommaList = Field(default_factory=list)
     #: seconds one read may take on the upstreams, retries on other replicas included
     upstream_timeout_s: float = Field(5.0, gt=0)
     #: seconds between health checks of each upstream replica; a 503 for want of replicas says to
@@ -179,11 +178,6 @@ class DeciderSettings(ReadSettings):
     def image_limits(self) -> ImageLimits:
         """The limits on a request's images, as the Decider takes them."""
         return ImageLimits(self.max_images, self.max_image_bytes, self.max_image_pixels)
-
-    @field_validator("upstreams", mode="before")
-    @classmethod
-    def _split_upstreams(cls, value: Any) -> Any:
-        return _comma_list(value)
 
     @field_validator("upstreams")
     @classmethod

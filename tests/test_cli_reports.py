@@ -1,6 +1,6 @@
 """The typed results the commands print: every number in its place, the optional ones only when present."""
 
-from slotread.cli.fit import HeldOut
+from slotread.eval.fitting import HeldOut
 
 METRICS = {
     "held_out_items": 9.0,

@@ -34,6 +34,17 @@ ALLOWED = {
     # (quality.examples) it builds from train splits for the Decider and votes with (the knn baseline)
     # and runs concurrent decisions through the server's batcher, as the server does (--concurrency)
     "eval": {"api", "decider", "quality", "serve.batcher", "settings"},
+    # ``slotread calibrate`` and ``fit`` from settings: they call the training entry points, and fit loads the
+    # sentence encoder a readout's partner embeds with, as the Decider does
+    "eval.fitting": {
+        "decider",
+        "eval",
+        "models",
+        "quality",
+        "quality.calibration.train",
+        "quality.readouts.train",
+        "settings",
+    },
     # the batcher merges concurrent engine calls; it knows the engine contract alone
     "serve.batcher": {"engines"},
     # the Decider wires a model, its engine and the quality stores behind the System One API

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slotread.cli.flags import add_exclusion_flags, add_item_flags, add_model_flags, add_question_flag, settings_of
 from slotread.settings import CalibrateSettings
-
-if TYPE_CHECKING:
-    from slotread.quality.calibration.artifact import Calibration
-
 
 #: the subcommand's line in ``slotread --help``, and the head of its own help
 HELP = "fit one question's calibration (temperature, content-free reads, conformal scores) and write it"
@@ -51,58 +45,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from slotread.decider import Decider
-    from slotread.eval.datasets import balance, class_counts, load_dataset, subset
-    from slotread.eval.training import drop_overlap, refuse_overlap
-    from slotread.quality.calibration.train import calibrate
+    from slotread.eval.fitting import write_calibration
+    from slotread.eval.training import calibration_data
 
     settings = settings_of(CalibrateSettings, args)
-    data = load_dataset(settings.dataset, settings.split, data_dir=settings.data_dir, question=settings.question)
-    exclude = None
-    if settings.exclude is not None:
-        exclude = load_dataset(
-            settings.exclude, settings.exclude_split, data_dir=settings.data_dir, question=settings.question
-        )
-        if settings.drop_overlap:
-            data, dropped = drop_overlap(data, exclude)
-            print(f"dropped {dropped} items of {settings.dataset} that also appear in the excluded data")
-    data = (balance if settings.balance else subset)(data, settings.limit, settings.sample_seed)
-    if exclude is not None:
-        refuse_overlap(data, exclude)  # before loading the model
-    decider = Decider.from_settings(settings.decider())
-    fit = calibrate(decider, data, request_fields={"x_seed": settings.seed, **settings.request_fields}, exclude=exclude)
-    fit.calibration.save(settings.out)
-    numbers = fit.summary()
-    each_class = min(class_counts(data).values()) if data.balanced else None
-    print(
-        CalibrateReport(
-            fit.calibration, numbers["accuracy"], numbers["nll_raw"], numbers["nll_fitted"], each_class, settings.out
-        )
-    )
+    fitting = calibration_data(settings)  # refused before the model loads
+    if fitting.dropped is not None:
+        print(f"dropped {fitting.dropped} items of {settings.dataset} that also appear in the excluded data")
+    print(write_calibration(settings, fitting))
     return 0
-
-
-@dataclass(frozen=True)
-class CalibrateReport:
-    """What ``slotread calibrate`` prints: the artifact, its in-sample numbers and where it went."""
-
-    calibration: Calibration
-    #: the raw answers' accuracy, and their NLL before (T = 1) and after the fitted temperature
-    accuracy: float
-    nll_raw: float
-    nll_fitted: float
-    #: items of each class, when the data was balanced
-    each_class: int | None
-    out: Path
-
-    def __str__(self) -> str:
-        calibration = self.calibration
-        ece = calibration.fitted_on["ece"]
-        balanced = "" if self.each_class is None else f" ({self.each_class} of each class)"
-        return (
-            f"{calibration.model}, schema {calibration.schema[:16]}, {calibration.fitted_on['items']} items{balanced}: "
-            f"temperature {calibration.temperature:.4f} (NLL {self.nll_raw:.4f} -> {self.nll_fitted:.4f}, "
-            f"raw accuracy {self.accuracy:.1%}); content-free shifts {sorted(calibration.content_free)}; "
-            f"in-sample ECE {ece['contextual']:.3f} contextual -> {ece['binned']:.3f} binned "
-            f"({len(calibration.bins.values) if calibration.bins else 0} bins); wrote {self.out}"
-        )

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slotread.cli.flags import (
     add_exclusion_flags,
@@ -18,13 +16,6 @@ from slotread.cli.flags import (
     settings_of,
 )
 from slotread.settings import FitSettings
-
-if TYPE_CHECKING:
-    from slotread.quality.readouts.readout import Readout
-
-#: the partners whose accuracy alone ``fit_readout`` reports, in the order they are printed
-ALONE = ("head", "vote", "lexical", "encoder")
-
 
 #: the subcommand's line in ``slotread --help``, and the head of its own help
 HELP = "fit a learned readout (a small head on the model's slot read) for one question schema"
@@ -113,124 +104,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from slotread.decider import Decider
-    from slotread.eval.datasets import BUILTIN, fitting_split, load_dataset, subset
-    from slotread.eval.training import few_labels, refuse_overlap
-    from slotread.quality.readouts.train import TRUSTED_ITEMS, fit_readout
+    from slotread.eval.fitting import write_readout
+    from slotread.eval.training import readout_data
 
     settings = settings_of(FitSettings, args)
-    split = settings.split or (fitting_split(settings.dataset) if settings.dataset in BUILTIN else None)
-    data = load_dataset(settings.dataset, split, data_dir=settings.data_dir, question=settings.question)
-    data = subset(data, settings.limit, settings.sample_seed)
-    if settings.seen_per_class:
-        data = few_labels(data, settings.seen_per_class, settings.sample_seed)
-    exclude = None
-    if settings.exclude is not None:
-        exclude = load_dataset(
-            settings.exclude, settings.exclude_split, data_dir=settings.data_dir, question=settings.question
-        )
-        if not settings.drop_overlap:
-            refuse_overlap(data, exclude)  # before loading the model
-    decider = Decider.from_settings(settings.decider())
-    encoder = None
-    if settings.encoder:
-        from slotread.models.encoder import load_encoder
-
-        encoder = load_encoder(settings.encoder, settings.cache_dir, settings.device)
-    passed = {"features", "layout", "holdout", "l2", "drop_overlap", "vote", "lexical", "batch_size", "progress"}
-    fit = fit_readout(
-        decider,
-        data,
-        per_class=settings.per_class or None,
-        seed=settings.sample_seed,
-        request_fields={"x_seed": settings.seed, **settings.request_fields},
-        exclude=exclude,
-        encoder=encoder,
-        **settings.model_dump(include=passed),
-    )
-    report = FitReport(fit.readout, HeldOut.of(fit.metrics), fit.readout.save(settings.out))
+    report = write_readout(settings, readout_data(settings))
     print(report)
-    if not report.held_out.trusted:
-        print(f"slotread fit: warning: {report.held_out.untrusted(TRUSTED_ITEMS)}", file=sys.stderr)
+    if report.warning:
+        print(f"slotread fit: warning: {report.warning}", file=sys.stderr)
     return 0
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """A fitted readout's held-out numbers (``ReadoutFit.metrics``), typed."""
-
-    items: int
-    cross_fitted: bool
-    trusted: bool
-    accuracy: float
-    accuracy_half_width: float
-    #: the label softmax's, on the same items
-    plain_accuracy: float
-    #: with partners: the accuracy of the head and of each partner on its own, by name (``ALONE``)
-    alone: dict[str, float]
-    ece: float
-    plain_ece: float
-    nll: float
-    read_seconds: float
-    train_seconds: float
-    #: seconds the lexical classifier's cross-fitting took (a readout with ``--lexical``)
-    lexical_seconds: float | None
-
-    @classmethod
-    def of(cls, metrics: dict[str, float]) -> HeldOut:
-        """The numbers ``fit_readout`` reports."""
-        alone = {name: metrics[f"{name}_accuracy"] for name in ALONE if f"{name}_accuracy" in metrics}
-        same = ("accuracy", "accuracy_half_width", "plain_accuracy", "ece", "plain_ece", "nll")
-        return cls(
-            items=int(metrics["held_out_items"]),
-            cross_fitted=bool(metrics["cross_fitted"]),
-            trusted=bool(metrics["trusted"]),
-            alone=alone,
-            read_seconds=metrics["read_seconds"],
-            train_seconds=metrics["train_seconds"],
-            lexical_seconds=metrics.get("lexical_seconds"),
-            **{name: metrics[name] for name in same},
-        )
-
-    def __str__(self) -> str:
-        alone = "".join(f", {name} alone {accuracy:.1%}" for name, accuracy in self.alone.items())
-        return (
-            f"held out{' (cross-fitted)' if self.cross_fitted else ''}: accuracy {self.accuracy:.1%} "
-            f"± {self.accuracy_half_width:.1%} (plain read {self.plain_accuracy:.1%}{alone}), "
-            f"ECE {self.ece:.3f} (plain read {self.plain_ece:.3f}), NLL {self.nll:.3f}"
-        )
-
-    def untrusted(self, trusted_items: int) -> str:
-        """Why figures from too few items (fewer than ``trusted_items``) are not to be trusted."""
-        return (
-            f"the held-out figures rest on {self.items} items (fewer than {trusted_items}), and the temperature "
-            "and weights were fitted on them: do not trust them; measure the readout with slotread eval on other data"
-        )
-
-
-@dataclass(frozen=True)
-class FitReport:
-    """What ``slotread fit`` prints: the readout, its held-out numbers, the time taken and where it went."""
-
-    readout: Readout
-    held_out: HeldOut
-    path: Path
-
-    def __str__(self) -> str:
-        readout, held = self.readout, self.held_out
-        weights = f"; weights: vote {readout.vote_weight:.3f}" if readout.vote_neighbours else ""
-        weights += f"; lexical {readout.lexical_weight:.3f}" if readout.lexical_weight is not None else ""
-        weights += f"; encoder {readout.encoder_weight:.3f}" if readout.encoder is not None else ""
-        lexical = (
-            ""
-            if held.lexical_seconds is None
-            else f" (cross-fitting the lexical classifier {held.lexical_seconds:.1f} s)"
-        )
-        return (
-            f"{readout.model}, schema {readout.schema[:16]}, {readout.fitted_on['items']} items "
-            f"({held.items} held out, {readout.fitted_on['dropped_overlap']} overlapping dropped), "
-            f"{readout.layout}, features {readout.features}, L2 {readout.l2:g}, temperature {readout.temperature:.3f}\n"
-            f"{held}\n"
-            f"reading {held.read_seconds:.1f} s, training {held.train_seconds:.1f} s{lexical}{weights}; "
-            f"wrote {self.path}"
-        )

@@ -12,17 +12,28 @@ few-label evaluation sees nothing outside those K per class.
 The one overlap check lives here too: training data (``slotread calibrate`` and ``slotread fit``'s
 ``--dataset``, an ``eval --example-bank`` file) that shares a text with the evaluated items is
 refused (``refuse_overlap``) or has those items dropped (``drop_overlap``), texts compared
-``normalised`` (whitespace collapsed, case folded).
+``normalised`` (whitespace collapsed, case folded). ``calibration_data`` and ``readout_data`` draw what
+those two commands fit on from their settings, refusing overlap before a model loads.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slotread.errors import EvalError, InvalidRequest
-from slotread.eval.datasets import BUILTIN, Dataset, fitting_split, load_dataset, normalised, per_class_sample
+from slotread.eval.datasets import (
+    BUILTIN,
+    Dataset,
+    balance,
+    fitting_split,
+    load_dataset,
+    normalised,
+    per_class_sample,
+    subset,
+)
 from slotread.quality.examples.bank import ExampleBank
+from slotread.settings import CalibrateSettings, FitSettings, FittingSettings
 
 
 def training_data(
@@ -95,3 +106,53 @@ def drop_overlap(data: Dataset, evaluated: Dataset) -> tuple[Dataset, int]:
     held_out = {normalised(item.state) for item in evaluated.items}
     kept = tuple(item for item in data.items if normalised(item.state) not in held_out)
     return replace(data, items=kept), len(data.items) - len(kept)
+
+
+@dataclass(frozen=True)
+class FittingData:
+    """What ``slotread calibrate`` or ``slotread fit`` fits on, and the evaluation data it must not hold."""
+
+    data: Dataset
+    #: the ``--exclude`` data, if named
+    exclude: Dataset | None
+    #: items left out of ``data`` because ``exclude`` holds their text (calibrate's ``--drop-overlap``)
+    dropped: int | None = None
+
+
+def calibration_data(settings: CalibrateSettings) -> FittingData:
+    """The items ``slotread calibrate`` fits on: the data without the excluded texts (with ``drop_overlap``),
+    then a balanced or plain sample. Raises InvalidRequest if they overlap the excluded data, EvalError if a
+    class has no items to balance."""
+    data = load_dataset(settings.dataset, settings.split, data_dir=settings.data_dir, question=settings.question)
+    exclude = _excluded(settings)
+    dropped = None
+    if exclude is not None and settings.drop_overlap:
+        data, dropped = drop_overlap(data, exclude)
+    data = (balance if settings.balance else subset)(data, settings.limit, settings.sample_seed)
+    if exclude is not None:
+        refuse_overlap(data, exclude)
+    return FittingData(data, exclude, dropped)
+
+
+def readout_data(settings: FitSettings) -> FittingData:
+    """The items ``slotread fit`` fits on: a sample of the fitting split (or file), at most ``seen_per_class``
+    of each class. Raises InvalidRequest if they overlap the excluded data, unless ``drop_overlap`` (then
+    ``fit_readout`` drops those items)."""
+    split = settings.split or (fitting_split(settings.dataset) if settings.dataset in BUILTIN else None)
+    data = load_dataset(settings.dataset, split, data_dir=settings.data_dir, question=settings.question)
+    data = subset(data, settings.limit, settings.sample_seed)
+    if settings.seen_per_class:
+        data = few_labels(data, settings.seen_per_class, settings.sample_seed)
+    exclude = _excluded(settings)
+    if exclude is not None and not settings.drop_overlap:
+        refuse_overlap(data, exclude)
+    return FittingData(data, exclude)
+
+
+def _excluded(settings: FittingSettings) -> Dataset | None:
+    """The evaluation data a fit must not hold (``--exclude``), if named."""
+    if settings.exclude is None:
+        return None
+    return load_dataset(
+        settings.exclude, settings.exclude_split, data_dir=settings.data_dir, question=settings.question
+    )

@@ -8,22 +8,27 @@ Both artifact formats (``slotread-calibration/1``, ``quality.calibration.artifac
 
 naming the model and the question schema the artifact was fitted for. ``Artifact`` holds those
 fields; each format adds its own, writes its body after ``header`` and reads it after
-``parse_header``. Files are written atomically (a server loading a directory never sees half a file).
+``parse_header``. Files are written atomically (a server loading a directory never sees half a file),
+and a directory of them is read one way (``load_directory``) by both stores.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from slotread.core.questions import Question
+from slotread.errors import CalibrationError
+
+logger = logging.getLogger(__name__)
 
 
 def schema_hash(question: Question, instructions: str | None) -> str:
@@ -88,3 +93,28 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as out:
         json.dump(data, out, ensure_ascii=False, indent=1)
     os.replace(out.name, path)
+
+
+Loaded = TypeVar("Loaded", bound=Artifact)
+
+
+def load_directory(
+    directory: Path, pattern: str, load: Callable[[Path], Loaded], model: str, *, what: str, clash: str
+) -> dict[str, tuple[Loaded, Path]]:
+    """The artifacts of ``model`` in ``directory`` (its files matching ``pattern``, read by ``load`` in name
+    order), by schema, each with its file; those of other models are skipped. ``load`` raises
+    CalibrationError for a file it cannot read, and so does this when two files claim one schema:
+    "<file> and <file> ``clash`` schema <schema> of <model>". ``what`` names the artifacts in the log."""
+    found: dict[str, tuple[Loaded, Path]] = {}
+    for path in sorted(directory.glob(pattern)):
+        artifact = load(path)
+        if artifact.model != model:
+            logger.info("%s is fitted for %s, not %s: skipped", path, artifact.model, model)
+            continue
+        if artifact.schema in found:
+            raise CalibrationError(
+                f"{path} and {found[artifact.schema][1]} {clash} schema {artifact.schema} of {model}"
+            )
+        found[artifact.schema] = (artifact, path)
+    logger.info("%d %s for %s from %s", len(found), what, model, directory)
+    return found

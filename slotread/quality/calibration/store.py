@@ -9,7 +9,6 @@ restarted server reads them from disk instead of the model.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from slotread.errors import CalibrationError
+from slotread.quality.artifact import file_stem, load_directory
 from slotread.quality.calibration.artifact import Calibration
 
 logger = logging.getLogger(__name__)
@@ -91,19 +91,9 @@ class CalibrationStore:
         self._lock = threading.Lock()
         self.batch = BatchPriors()
         if directory is not None:
-            self._load(directory)
-
-    def _load(self, directory: Path) -> None:
-        for path in sorted(directory.glob("*.json")):
-            artifact = Calibration.load(path)
-            if artifact.model != self.model:
-                logger.info("%s calibrates %s, not %s: skipped", path, artifact.model, self.model)
-                continue
-            if artifact.schema in self._artifacts:
-                other = self._artifacts[artifact.schema][1]
-                raise CalibrationError(f"{path} and {other} both calibrate schema {artifact.schema} of {self.model}")
-            self._artifacts[artifact.schema] = (artifact, path)
-        logger.info("%d calibration artifacts for %s from %s", len(self._artifacts), self.model, directory)
+            self._artifacts = load_directory(
+                directory, "*.json", Calibration.load, model, what="calibration artifacts", clash="both calibrate"
+            )
 
     def artifact(self, schema: str) -> Calibration | None:
         """The fitted artifact of a schema, if one was loaded."""
@@ -158,5 +148,4 @@ class CalibrationStore:
     def directory_path(self, schema: str) -> Path:
         """Where a new artifact of ``schema`` is written: ``<model>.<schema[:16]>.json`` in the directory."""
         assert self.directory is not None
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", self.model).strip("-.") or "model"
-        return self.directory / f"{slug}.{schema[:16]}.json"
+        return self.directory / f"{file_stem(self.model, schema)}.json"

@@ -1,4 +1,5 @@
-"""Fit one question's calibration from labelled examples: the Python API behind ``slotread calibrate``.
+"""Fit one question's calibration from labelled examples: the Python API behind ``slotread calibrate``
+(``eval.fitting.write_calibration`` calls it with the data and model its settings name).
 
 The data is an evaluation ``Dataset`` (``slotread.eval.datasets``: a built-in split, or a labelled file
 with its question), and each item is asked exactly the request ``slotread eval`` sends for it, so the

@@ -66,6 +66,8 @@ from slotread.quality.artifact import Artifact, file_stem, parse_header, write_j
 from slotread.quality.readouts.logistic import LogisticHead
 
 FORMAT = "slotread-readout/1"
+#: The JSON files of a directory that are readouts (each beside its ``.npz``).
+READOUT_FILES = "*.readout.json"
 #: What a head reads: the slot's hidden state and the label log-probabilities, or the latter alone.
 Features = Literal["hidden+logits", "logits"]
 FEATURES: tuple[Features, ...] = ("hidden+logits", "logits")
@@ -206,7 +208,7 @@ class Readout(Artifact):
 
 def banked_in(directory: Path) -> bool:
     """Whether any readout artifact in ``directory`` reads its example bank (so one must be served)."""
-    return any(Readout.load(path).banked for path in sorted(directory.glob("*.readout.json")))
+    return any(Readout.load(path).banked for path in sorted(directory.glob(READOUT_FILES)))
 
 
 def artifact_stem(model: str, schema: str) -> str:

@@ -18,14 +18,14 @@ from typing import TypeVar
 import numpy as np
 
 from slotread.core.questions import Decision
-from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest
+from slotread.errors import ExampleBankError, InvalidRequest
 from slotread.prompt.render import Layout
-from slotread.quality.artifact import schema_hash
+from slotread.quality.artifact import load_directory, schema_hash
 from slotread.quality.examples.bank import ExampleBank, ExampleBanks
 from slotread.quality.examples.dense import EmbeddingClassifier, bank_embedding_classifier
 from slotread.quality.examples.lexical import TextClassifier, bank_classifier, floored
 from slotread.quality.examples.meaning import Embed
-from slotread.quality.readouts.readout import Readout
+from slotread.quality.readouts.readout import READOUT_FILES, Readout
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +55,10 @@ class ReadoutStore:
         self._readouts: dict[str, tuple[Readout, Path]] = {}
         self._lexical: dict[str, TextClassifier] = {}
         self._dense: dict[str, EmbeddingClassifier] = {}
-        for path in sorted(directory.glob("*.readout.json")) if directory is not None else []:
-            readout = Readout.load(path)
-            if readout.model != model:
-                logger.info("%s reads out %s, not %s: skipped", path, readout.model, model)
-                continue
-            if readout.schema in self._readouts:
-                other = self._readouts[readout.schema][1]
-                raise CalibrationError(f"{path} and {other} are both readouts of schema {readout.schema} of {model}")
-            self._readouts[readout.schema] = (readout, path)
         if directory is not None:
-            logger.info("%d readouts for %s from %s", len(self._readouts), model, directory)
+            self._readouts = load_directory(
+                directory, READOUT_FILES, Readout.load, model, what="readouts", clash="are both readouts of"
+            )
         for schema, (readout, path) in self._readouts.items():
             bank = banks.get(schema) if banks is not None else None
             if readout.lexical_weight is not None and bank is not None:

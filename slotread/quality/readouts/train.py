@@ -1,4 +1,5 @@
-"""Fit a learned readout from labelled examples: the Python API behind ``slotread fit``.
+"""Fit a learned readout from labelled examples: the Python API behind ``slotread fit``
+(``eval.fitting.write_readout`` calls it with the data, model and options its settings name).
 
 The data is an evaluation ``Dataset`` (a built-in split or a labelled file with its question), as for
 ``slotread calibrate``, and each item is asked the request ``slotread eval`` sends for it with
