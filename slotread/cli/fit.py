@@ -13,6 +13,7 @@ from slotread.cli.flags import (
     add_item_flags,
     add_model_flags,
     add_progress_flag,
+    add_retrieval_flag,
     add_question_flag,
     default,
     settings_of,
@@ -94,6 +95,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(all-minilm-l6-v2) of the example bank, cross-fitted like --lexical; served with the bank and "
         "serve --encoder NAME",
     )
+    add_retrieval_flag(fit, FitSettings, "--vote (dense and hybrid embed with --encoder, which also joins the head)")
     fit.add_argument(
         "--seen-per-class",
         type=int,
@@ -137,7 +139,10 @@ def run(args: argparse.Namespace) -> int:
         from slotread.models.encoder import load_encoder
 
         encoder = load_encoder(settings.encoder, settings.cache_dir, settings.device)
-    passed = {"features", "layout", "holdout", "l2", "drop_overlap", "vote", "lexical", "batch_size", "progress"}
+    passed = {
+        *("features", "layout", "holdout", "l2", "drop_overlap"),
+        *("vote", "retrieval", "lexical", "batch_size", "progress"),
+    }
     fit = fit_readout(
         decider,
         data,

@@ -99,10 +99,19 @@ def _bank(settings: EvalSettings, dataset: Dataset) -> ExampleBank | None:
     if settings.example_bank is not None:
         from slotread.decider import read_example_bank
 
-        return read_example_bank(settings.example_bank)
-    from slotread.eval.banks import bank_from_dataset
+        bank = read_example_bank(settings.example_bank)
+    else:
+        from slotread.eval.banks import bank_from_dataset
 
-    return bank_from_dataset(_train(settings, dataset, _bank_purpose(settings)), dataset)
+        bank = bank_from_dataset(_train(settings, dataset, _bank_purpose(settings)), dataset)
+    if settings.retrieval == "bm25":
+        return bank
+    from slotread.models.encoder import load_encoder
+
+    assert settings.encoder is not None  # EvalSettings requires one for dense and hybrid retrieval
+    return bank.retrieving(
+        settings.retrieval, load_encoder(settings.encoder, settings.cache_dir, settings.device).embed
+    )
 
 
 def _bank_purpose(settings: EvalSettings) -> str:

@@ -11,8 +11,9 @@ features (``quality.readouts.logistic``) with a temperature fitted on held-out i
 and the answer is the mean of p over the question's reads (its draws), like any other answer.
 
 A readout fitted with partners (``slotread fit --vote K``, ``--lexical``) also reads the schema's
-example bank: it adds w_v · log v, v the smoothed label vote of the state's K BM25-nearest bank
-examples (``quality.examples``), and w_l · log q̃, q̃ the class probabilities of a TF-IDF + logistic
+example bank: it adds w_v · log v, v the smoothed label vote of the state's K nearest bank
+examples (``quality.examples``; nearest by the retrieval it was fitted with, BM25 unless
+``slotread fit --retrieval`` said otherwise: it serves only under that one), and w_l · log q̃, q̃ the class probabilities of a TF-IDF + logistic
 regression classifier trained on the bank (``quality.examples.lexical``), and w_e · log ẽ, ẽ the class
 probabilities of a logistic regression on the state's sentence embedding trained on the bank
 (``quality.examples.dense``, ``slotread fit --encoder``), with T and the weights fitted together on the
@@ -32,7 +33,7 @@ time, and a served bank of another size is logged as a warning).
     <model>.<schema[:16]>.readout.json  {"format": "slotread-readout/1", "model", "schema",
                                          "question": {"type", "options"}, "features", "hidden_size",
                                          "layout", "temperature", "l2", "vote": null | {"neighbours",
-                                         "weight"}, "lexical": null | {"weight", "examples"},
+                                         "weight", "retrieval"}, "lexical": null | {"weight", "examples"},
                                          "encoder": null | {"name", "weight", "examples"},
                                          "arrays": "<the .npz file name>",
                                          "fitted_on": {data, items, held-out metrics, ...}}
@@ -63,6 +64,7 @@ from slotread.core.answers import Answer
 from slotread.errors import CalibrationError
 from slotread.prompt.render import Layout
 from slotread.quality.artifact import Artifact, file_stem, parse_header, write_json
+from slotread.quality.examples.retrieval import RETRIEVALS, Retrieval
 from slotread.quality.readouts.logistic import LogisticHead
 
 FORMAT = "slotread-readout/1"
@@ -96,6 +98,8 @@ class Readout(Artifact):
     #: the bank neighbours whose vote the answer adds (0: none), and its weight w_v
     vote_neighbours: int = 0
     vote_weight: float = 0.0
+    #: how the vote's neighbours were ranked (``quality.examples.retrieval``); served only under the same
+    vote_retrieval: Retrieval = "bm25"
     #: the weight w_l of the lexical classifier's log q̃ (None: the readout has no lexical partner), and
     #: the size of the bank it was fitted with
     lexical_weight: float | None = None
@@ -167,7 +171,9 @@ class Readout(Artifact):
             "layout": self.layout,
             "temperature": self.temperature,
             "l2": self.l2,
-            "vote": {"neighbours": self.vote_neighbours, "weight": self.vote_weight} if self.vote_neighbours else None,
+            "vote": {"neighbours": self.vote_neighbours, "weight": self.vote_weight, "retrieval": self.vote_retrieval}
+            if self.vote_neighbours
+            else None,
             "lexical": None
             if self.lexical_weight is None
             else {"weight": self.lexical_weight, "examples": self.lexical_examples},
@@ -237,6 +243,9 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
     neighbours, weight = int(vote["neighbours"]), float(vote["weight"])
     if neighbours < 0 or not (math.isfinite(weight) and weight >= 0):
         raise ValueError(f"the vote's neighbours and weight must not be negative, got {neighbours} and {weight}")
+    retrieval = vote.get("retrieval", "bm25")  # absent from artifacts fitted before dense retrieval: BM25
+    if retrieval not in RETRIEVALS:
+        raise ValueError(f"the vote's retrieval must be one of {', '.join(RETRIEVALS)}, got {retrieval!r}")
     lexical = data.get("lexical")  # absent from artifacts fitted before the lexical partner
     lexical_weight = None if lexical is None else float(lexical["weight"])
     lexical_examples = 0 if lexical is None else int(lexical["examples"])
@@ -259,6 +268,7 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
         l2=float(data["l2"]),
         vote_neighbours=neighbours,
         vote_weight=weight,
+        vote_retrieval=retrieval,
         lexical_weight=lexical_weight,
         lexical_examples=lexical_examples,
         encoder=None if encoder is None else str(encoder["name"]),
