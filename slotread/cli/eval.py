@@ -11,8 +11,8 @@ from slotread.cli.flags import (
     add_item_flags,
     add_model_flag,
     add_progress_flag,
-    add_retrieval_flag,
     add_question_flag,
+    add_retrieval_flag,
     default,
     settings_of,
 )
@@ -83,8 +83,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--examples",
         type=int,
         metavar="K",
-        help="show each item's K nearest bank examples (by --retrieval) as solved cases (x_examples=K); with --baseline knn, "
-        "the neighbours that vote. The bank is the train split (--train for a labelled file) or --example-bank",
+        help="show each item's K nearest bank examples (by --retrieval) as solved cases (x_examples=K); with "
+        "--baseline knn, the neighbours that vote. The bank is the train split (--train for a labelled file) "
+        "or --example-bank",
     )
     evaluate.add_argument(
         "--shortlist",

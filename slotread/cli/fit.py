@@ -13,8 +13,8 @@ from slotread.cli.flags import (
     add_item_flags,
     add_model_flags,
     add_progress_flag,
-    add_retrieval_flag,
     add_question_flag,
+    add_retrieval_flag,
     default,
     settings_of,
 )

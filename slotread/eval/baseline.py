@@ -1,7 +1,8 @@
 """Reference points with no language model, trained on the dataset's train split.
 
 ``tfidf``: TF-IDF features and logistic regression. ``knn``: the smoothed label vote of the K
-nearest examples of an example bank (by its retrieval: BM25, dense or hybrid, ``quality.examples.retrieval``) (``quality.examples.bank.vote_distribution``: one vote per
+nearest examples of an example bank, by its retrieval (BM25, dense or hybrid,
+``quality.examples.retrieval``; ``quality.examples.bank.vote_distribution``: one vote per
 neighbour, a pseudo count of one vote spread over the options), the vote a model read with
 ``x_examples``/``x_shortlist`` must beat to show that reading the model adds anything (issue 6).
 Each answers the same items and writes the same run folder as a model run, so it sits in the same

@@ -13,10 +13,11 @@ and the answer is the mean of p over the question's reads (its draws), like any 
 A readout fitted with partners (``slotread fit --vote K``, ``--lexical``) also reads the schema's
 example bank: it adds w_v · log v, v the smoothed label vote of the state's K nearest bank
 examples (``quality.examples``; nearest by the retrieval it was fitted with, BM25 unless
-``slotread fit --retrieval`` said otherwise: it serves only under that one), and w_l · log q̃, q̃ the class probabilities of a TF-IDF + logistic
-regression classifier trained on the bank (``quality.examples.lexical``), and w_e · log ẽ, ẽ the class
-probabilities of a logistic regression on the state's sentence embedding trained on the bank
-(``quality.examples.dense``, ``slotread fit --encoder``), with T and the weights fitted together on the
+``slotread fit --retrieval`` said otherwise, and it serves only under that one), and w_l · log q̃,
+q̃ the class probabilities of a TF-IDF + logistic regression classifier trained on the bank
+(``quality.examples.lexical``), and w_e · log ẽ, ẽ the class probabilities of a logistic regression
+on the state's sentence embedding trained on the bank (``quality.examples.dense``, ``slotread fit
+--encoder``), with T and the weights fitted together on the
 held-out items (``quality.readouts.fusion``):
 
     p(read) = softmax((W z + b) / T + w_v · log v + w_l · log q̃ + w_e · log ẽ)

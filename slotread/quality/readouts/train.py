@@ -167,10 +167,10 @@ def fit_readout(
     ``drop_overlap`` drops the items that ``exclude`` holds instead of refusing the data (BANKING77's
     train split repeats 7 of its test messages). ``vote`` > 0 fits a readout that adds the label vote
     of that many nearest example-bank examples (``quality.readouts.readout``), ranked by ``retrieval``
-    (dense and hybrid embed with ``encoder``'s embeddings; recorded, the readout serves only under it); ``lexical`` one that adds a TF-IDF +
-    logistic regression classifier trained on the bank (``quality.examples.lexical``); ``encoder`` one that adds a
-    logistic regression on that sentence encoder's embeddings of the bank (``quality.examples.dense``). Each is
-    served with a bank (and the encoder).
+    (dense and hybrid embed with ``encoder``; recorded, and the readout serves only under it);
+    ``lexical`` one that adds a TF-IDF + logistic regression classifier trained on the bank
+    (``quality.examples.lexical``); ``encoder`` one that adds a logistic regression on that sentence
+    encoder's embeddings of the bank (``quality.examples.dense``). Each is served with a bank (and the encoder).
 
     Raises InvalidRequest, before anything is read, for data that overlaps ``exclude`` or has no items,
     read options x_readout refuses, a holdout share outside (0, 1), a negative ``vote`` or an engine that
