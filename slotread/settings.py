@@ -33,9 +33,11 @@ from slotread.engines.diffusion_gemma.fast_paths import FastPaths
 from slotread.errors import SettingsError
 from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
-from slotread.quality.examples.retrieval import Retrieval
 
 Dtype = Literal["bfloat16", "float32"]
+#: how example banks rank their examples: ``quality.examples.retrieval.Retrieval`` (settings imports no quality
+#: module; tests/test_settings.py checks the two agree)
+Retrieval = Literal["bm25", "dense", "hybrid"]
 #: decisions a gateway (``upstreams`` set) runs at once unless told otherwise
 GATEWAY_CONCURRENCY = 16
 #: On a GPU a forward of 100 canvases costs little more than one of 10 (the weights are read once
