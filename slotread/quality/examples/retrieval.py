@@ -34,8 +34,8 @@ RRF_K = 60
 
 
 def order(scores: np.ndarray) -> np.ndarray:
-    """Indices by score, highest first, ties to the lower index."""
-    return np.lexsort((np.arange(len(scores)), -scores))
+    """Indices by score, highest first, ties to the lower index (a stable sort: half a lexsort's time)."""
+    return np.argsort(-scores, kind="stable")
 
 
 def places(scores: np.ndarray) -> np.ndarray:
