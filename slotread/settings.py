@@ -316,7 +316,8 @@ class EvalSettings(DataSettings):
     shuffle_options: int | None = None
     #: an example bank file instead of one built from the training data
     example_bank: Path | None = None
-    #: a sentence encoder: with shortlist and no examples or bank, shortlists come from meaning
+    #: a sentence encoder: with shortlist and no examples, bank or dense/hybrid retrieval, shortlists come from
+    #: meaning; with dense or hybrid retrieval, the bank's ranking
     encoder: str | None = None
     #: how the bank ranks its examples (``DeciderSettings.retrieval``): for x_examples, x_shortlist, the
     #: neighbour vote and readouts' votes

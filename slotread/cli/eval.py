@@ -103,8 +103,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument(
         "--encoder",
         metavar="NAME",
-        help="a sentence encoder (all-minilm-l6-v2): with --shortlist and no --examples/--example-bank, the "
-        "shortlist comes from meaning and no bank is built (no labels seen)",
+        help="a sentence encoder (all-minilm-l6-v2): with --shortlist and no --examples/--example-bank/"
+        "--retrieval dense|hybrid, the shortlist comes from meaning and no bank is built (no labels seen); with "
+        "--retrieval dense|hybrid, the bank's ranking",
     )
     add_retrieval_flag(evaluate, EvalSettings, "--examples, --shortlist, --baseline knn and readouts' votes")
     add_device_flags(evaluate, EvalSettings)

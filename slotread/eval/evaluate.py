@@ -86,8 +86,12 @@ def _train(settings: EvalSettings, dataset: Dataset, purpose: str) -> Dataset:
 def _bank(settings: EvalSettings, dataset: Dataset) -> ExampleBank | None:
     """The example bank the run reads (a bank file, or one built from the training data), or None."""
     banked = settings.readout_dir is not None and settings.baseline is None and banked_in(settings.readout_dir)
-    by_meaning = bool(
-        settings.encoder and settings.shortlist and not settings.examples and settings.example_bank is None
+    by_meaning = bool(  # dense or hybrid retrieval asks for a bank's shortlists, ranked by the encoder
+        settings.encoder
+        and settings.shortlist
+        and not settings.examples
+        and settings.example_bank is None
+        and settings.retrieval == "bm25"
     )
     if not (settings.examples or (settings.shortlist and not by_meaning) or settings.baseline == "knn" or banked):
         if settings.example_bank is not None:

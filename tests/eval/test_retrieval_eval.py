@@ -10,10 +10,13 @@ from slotread.cli import main
 from slotread.core.questions import Option, Question
 from slotread.decider import Decider
 from slotread.errors import ExampleBankError
+from slotread.eval.datasets import load_dataset
+from slotread.eval.evaluate import _bank
 from slotread.eval.report import compare
 from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
 from slotread.quality.examples.bank import ExampleBank
+from slotread.settings import EvalSettings
 
 CATEGORIES = ["card_arrival", "request_refund", "lost_or_stolen_card"]
 TRAIN = [
@@ -95,3 +98,14 @@ def test_a_decider_ranks_its_banks_by_its_retrieval(smollm2: LoadedModel, encode
     assert served.ranking(TEST[0][0], 1) == [4] and bank.ranking(TEST[0][0], 1) == [2]
     with pytest.raises(ExampleBankError, match="--retrieval hybrid"):
         Decider(smollm2, example_banks=[bank], retrieval="hybrid")
+
+
+def test_a_shortlist_under_dense_retrieval_comes_from_the_bank_not_from_meaning(
+    cache_dir: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    fields = {"dataset": "banking77", "data_dir": data_dir, "out": tmp_path, "shortlist": 2}
+    fields |= {"encoder": "all-minilm-l6-v2", "cache_dir": cache_dir}
+    dataset = load_dataset("banking77", data_dir=data_dir)
+    assert _bank(EvalSettings(**fields), dataset) is None  # BM25: no labels needed, shortlists from meaning
+    bank = _bank(EvalSettings(**fields, retrieval="dense"), dataset)
+    assert bank is not None and bank.retrieval == "dense" and len(bank) == len(TRAIN)
