@@ -34,14 +34,15 @@ time, and a served bank of another size is logged as a warning).
     <model>.<schema[:16]>.readout.json  {"format": "slotread-readout/1", "model", "schema",
                                          "question": {"type", "options"}, "features", "hidden_size",
                                          "layout", "temperature", "l2", "vote": null | {"neighbours",
-                                         "weight", "retrieval"}, "lexical": null | {"weight", "examples"},
+                                         "weight", "retrieval"?}, "lexical": null | {"weight", "examples"},
                                          "encoder": null | {"name", "weight", "examples"},
                                          "arrays": "<the .npz file name>",
                                          "fitted_on": {data, items, held-out metrics, ...}}
     <model>.<schema[:16]>.readout.npz   float64 arrays mean (d,), scale (d,), weight (n, d), bias (n,)
 
 The header (``format`` to ``question``, and ``fitted_on``) is every artifact's (``quality.artifact``);
-the schema is ``quality.artifact.schema_hash``, as for calibration artifacts. ``layout`` is the prompt
+the schema is ``quality.artifact.schema_hash``, as for calibration artifacts. The vote's ``retrieval``
+(``quality.examples.retrieval``) is written when it is not BM25; absent, it is BM25. ``layout`` is the prompt
 layout the head was fitted on (its features depend on it): requests with ``x_readout`` are rendered
 in it. A causal model's plain reads are state-first; a readout may be fitted schema-first instead,
 so that one schema's KV is cached for every state (a 77-option schema is ~600 tokens, a message
@@ -172,9 +173,7 @@ class Readout(Artifact):
             "layout": self.layout,
             "temperature": self.temperature,
             "l2": self.l2,
-            "vote": {"neighbours": self.vote_neighbours, "weight": self.vote_weight, "retrieval": self.vote_retrieval}
-            if self.vote_neighbours
-            else None,
+            "vote": self._vote() if self.vote_neighbours else None,
             "lexical": None
             if self.lexical_weight is None
             else {"weight": self.lexical_weight, "examples": self.lexical_examples},
@@ -184,6 +183,11 @@ class Readout(Artifact):
             "arrays": arrays,
             "fitted_on": dict(self.fitted_on),
         }
+
+    def _vote(self) -> dict[str, Any]:
+        """The artifact's vote; its retrieval only when not BM25, so a BM25 readout's file reads as before."""
+        vote: dict[str, Any] = {"neighbours": self.vote_neighbours, "weight": self.vote_weight}
+        return vote | ({"retrieval": self.vote_retrieval} if self.vote_retrieval != "bm25" else {})
 
     def save(self, directory: Path) -> Path:
         """Write the two files into ``directory`` (arrays first, each atomically); returns the JSON path."""
