@@ -36,6 +36,7 @@ from slotread.prompt.render import Layout, Renderer
 from slotread.quality.answering import decide_calibrated
 from slotread.quality.calibration.store import CalibrationStore
 from slotread.quality.examples.bank import ExampleBank, ExampleBanks
+from slotread.quality.examples.retrieval import Retrieval
 from slotread.quality.readouts.store import ReadoutStore
 from slotread.settings import GPU_BATCH, DeciderSettings
 
@@ -137,6 +138,7 @@ class Decider:
         readout_dir: Path | None = None,
         image_limits: ImageLimits = DEFAULTS.image_limits,
         encoder: str | SentenceEncoder | None = None,
+        retrieval: Retrieval = DEFAULTS.retrieval,
     ) -> None:
         if upstreams:
             if isinstance(model, LoadedModel):
@@ -178,7 +180,7 @@ class Decider:
         self.encoder = encoder
         try:
             self.calibrations = CalibrationStore(self.name, calibration_dir)
-            self.banks = ExampleBanks(example_banks)
+            self.banks = ExampleBanks(example_banks, retrieval, encoder.embed if encoder is not None else None)
             self.readouts = ReadoutStore(
                 self.name,
                 readout_dir,

@@ -35,6 +35,9 @@ from slotread.models.registry import DEFAULT_MODEL
 from slotread.prompt.labels import MAX_CHOICE_OPTIONS
 
 Dtype = Literal["bfloat16", "float32"]
+#: how example banks rank their examples: ``quality.examples.retrieval.Retrieval`` (settings imports no quality
+#: module; tests/test_settings.py checks the two agree)
+Retrieval = Literal["bm25", "dense", "hybrid"]
 #: decisions a gateway (``upstreams`` set) runs at once per replica unless told otherwise: what one
 #: ``slotread serve`` runs on a GPU (``GPU_DEFAULTS``), so a replica's batcher sees what the
 #: in-process server's does (bench/RESULTS.md: 16 against a client's 32 left the replica half fed)
@@ -58,6 +61,15 @@ def _problems(exc: ValidationError) -> str:
     said = [f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required"] if missing else []
     said += [f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in errors if error["type"] != "missing"]
     return "; ".join(said)
+
+
+def _needs_encoder(retrieval: Retrieval, encoder: str | None) -> None:
+    """SettingsError when dense or hybrid retrieval has no sentence encoder to embed with."""
+    if retrieval != "bm25" and encoder is None:
+        raise SettingsError(
+            f"--retrieval {retrieval} ranks bank examples by their sentence embeddings: "
+            "load a sentence encoder with --encoder all-minilm-l6-v2"
+        )
 
 
 def _comma_list(value: Any) -> Any:
@@ -173,6 +185,10 @@ class DeciderSettings(ReadSettings):
     #: a registry sentence encoder (fetched and loaded at start) serving x_shortlist from meaning
     #: (``quality.examples.meaning``, no labels needed) where no bank serves a question
     encoder: str | None = None
+    #: how the example banks rank their examples for x_examples, x_shortlist and votes
+    #: (``quality.examples.retrieval``): BM25 over words, the encoder's cosine (dense; needs ``encoder``) or
+    #: both fused (hybrid); a readout fitted with a vote serves only under the retrieval it was fitted with
+    retrieval: Retrieval = "bm25"
 
     @property
     def image_limits(self) -> ImageLimits:
@@ -197,6 +213,11 @@ class DeciderSettings(ReadSettings):
         for bank in self.example_banks:
             if not bank.is_file():
                 raise SettingsError(f"example_banks: {bank} is not a file")
+        return self
+
+    @model_validator(mode="after")
+    def _retrieval_has_encoder(self) -> DeciderSettings:
+        _needs_encoder(self.retrieval, self.encoder)
         return self
 
 
@@ -294,8 +315,12 @@ class EvalSettings(DataSettings):
     shuffle_options: int | None = None
     #: an example bank file instead of one built from the training data
     example_bank: Path | None = None
-    #: a sentence encoder: with shortlist and no examples or bank, shortlists come from meaning
+    #: a sentence encoder: with shortlist and no examples, bank or dense/hybrid retrieval, shortlists come from
+    #: meaning; with dense or hybrid retrieval, the bank's ranking
     encoder: str | None = None
+    #: how the bank ranks its examples (``DeciderSettings.retrieval``): for x_examples, x_shortlist, the
+    #: neighbour vote and readouts' votes
+    retrieval: Retrieval = "bm25"
     #: decisions in flight at once, their reads and thoughts merged into shared engine calls as the
     #: server merges them
     concurrency: int = Field(1, ge=1)
@@ -316,6 +341,9 @@ class EvalSettings(DataSettings):
             raise SettingsError("the TF-IDF baseline shows no examples; drop --examples/--shortlist")
         if self.baseline == "knn" and self.shortlist:
             raise SettingsError("the neighbour vote reads no shortlist; drop --shortlist")
+        if self.baseline == "tfidf" and self.retrieval != "bm25":
+            raise SettingsError("--retrieval ranks a bank's examples; the TF-IDF baseline reads no bank")
+        _needs_encoder(self.retrieval, self.encoder)
         return self
 
 
@@ -358,6 +386,9 @@ class FitSettings(FittingSettings):
     lexical: bool = False
     #: a logistic regression on this sentence encoder's embeddings of the bank joins the head
     encoder: str | None = None
+    #: how the bank ranks the vote's neighbours (``DeciderSettings.retrieval``; dense and hybrid embed with
+    #: ``encoder``); recorded in the readout, which then serves only under it
+    retrieval: Retrieval = "bm25"
     #: see at most this many items per class of the data at all (the few-label setting)
     seen_per_class: int | None = None
     #: items per engine call while reading
@@ -367,4 +398,7 @@ class FitSettings(FittingSettings):
     def _holdout_and_vote(self) -> FitSettings:
         if not 0 < self.holdout < 1 or self.vote < 0:
             raise SettingsError("--holdout must be between 0 and 1 and --vote must not be negative")
+        if self.retrieval != "bm25" and not self.vote:
+            raise SettingsError("--retrieval ranks the neighbours of a vote: give --vote K")
+        _needs_encoder(self.retrieval, self.encoder)
         return self

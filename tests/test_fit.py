@@ -273,3 +273,37 @@ def test_an_encoder_readout_sees_only_k_per_class_and_answers_with_the_encoder(
     dense = floored(bank_embedding_classifier(bank, encoder.embed).probabilities(["Refund please"]))[0]
     expected = readout.probabilities(read.logits[None], read.hidden[None], dense=dense)[0]
     assert answer.probabilities == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_readout_fitted_with_hybrid_votes_serves_only_under_hybrid_retrieval(
+    smollm2: LoadedModel, encoder: SentenceEncoder, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidRequest, match="--retrieval dense"):
+        fit_readout(Decider(smollm2), DATA, per_class=None, l2=[0.1], vote=3, retrieval="dense", progress=False)
+    fit = fit_readout(  # the encoder embeds the hybrid retrieval, and joins the head as a partner too
+        Decider(smollm2),
+        DATA,
+        per_class=None,
+        holdout=0.25,
+        l2=[0.1],
+        vote=3,
+        retrieval="hybrid",
+        encoder=encoder,
+        progress=False,
+    )
+    assert fit.readout.vote_retrieval == "hybrid" and fit.readout.encoder == encoder.name
+    assert "vote_accuracy" in fit.metrics
+    fit.readout.save(tmp_path / "readouts")
+    question = to_decision(parse_request(body("x"))).questions[0]
+    bank = ExampleBank.from_pairs(question, None, [(text, TASK.classes[gold]) for text, gold in TEXTS], "bank")
+    served = {"readout_dir": tmp_path / "readouts", "example_banks": [bank], "encoder": encoder}
+    with pytest.raises(InvalidRequest, match="ranks them by bm25: serve it with --retrieval hybrid"):
+        Decider(smollm2, **served).decide(body("Refund please", x_readout=True))  # type: ignore[arg-type]
+    decider = Decider(smollm2, **served, retrieval="hybrid")  # type: ignore[arg-type]
+    answer = decider.answer(body("Refund please", x_readout=True)).answers["answer"]
+    assert answer is not None and answer.reads[0].hidden is not None
+    (read,) = answer.reads
+    hybrid = bank.retrieving("hybrid", encoder.embed).vote("Refund please", 3)
+    dense = floored(bank_embedding_classifier(bank, encoder.embed).probabilities(["Refund please"]))[0]
+    expected = fit.readout.probabilities(read.logits[None], read.hidden[None], hybrid, dense=dense)[0]
+    assert answer.probabilities == pytest.approx(expected, abs=1e-12)

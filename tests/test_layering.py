@@ -32,8 +32,9 @@ ALLOWED = {
     "serve": {"api", "decider", "engines", "models", "serve.batcher", "settings"},
     # evaluation drives the public API: the Decider and the System One wire format; example banks
     # (quality.examples) it builds from train splits for the Decider and votes with (the knn baseline)
-    # and runs concurrent decisions through the server's batcher, as the server does (--concurrency)
-    "eval": {"api", "decider", "quality", "serve.batcher", "settings"},
+    # and runs concurrent decisions through the server's batcher, as the server does (--concurrency); the
+    # sentence encoder (models.encoder) the vote's bank ranks by with --retrieval dense or hybrid
+    "eval": {"api", "decider", "models", "quality", "serve.batcher", "settings"},
     # ``slotread calibrate`` and ``fit`` from settings: they call the training entry points, and fit loads the
     # sentence encoder a readout's partner embeds with, as the Decider does
     "eval.fitting": {

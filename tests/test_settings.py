@@ -7,7 +7,7 @@ import inspect
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ from slotread.cli import build_parser
 from slotread.cli.flags import default, settings_of
 from slotread.errors import SettingsError
 from slotread.models.registry import DEFAULT_MODEL
+from slotread.quality.examples.retrieval import RETRIEVALS
 from slotread.settings import (
     GATEWAY_CONCURRENCY,
     GPU_DEFAULTS,
@@ -26,6 +27,7 @@ from slotread.settings import (
     EvalSettings,
     FitSettings,
     ModelSettings,
+    Retrieval,
     Settings,
 )
 
@@ -230,3 +232,9 @@ def test_a_decider_from_settings_has_the_settings_limits(tiny_diffusion_dir: Pat
     ).engine.deterministic
     job = FitSettings(model=str(tiny_diffusion_dir), dataset="d", out="o").decider()
     assert (job.model, job.max_questions) == (str(tiny_diffusion_dir), DeciderSettings().max_questions)
+
+
+def test_the_retrieval_setting_names_the_retrievals_banks_know() -> None:
+    assert get_args(Retrieval) == RETRIEVALS
+    for settings in (DeciderSettings, EvalSettings, FitSettings):
+        assert settings.model_fields["retrieval"].default == "bm25"

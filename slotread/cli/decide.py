@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from slotread.api.systemone import parse_request, to_decision
-from slotread.cli.flags import add_model_flags, add_slow_path_flag, settings_of
+from slotread.cli.flags import add_model_flags, add_retrieval_flag, add_slow_path_flag, settings_of
 from slotread.errors import InvalidRequest, SlotreadError
 from slotread.settings import DeciderSettings
 
@@ -56,6 +56,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_slow_path_flag(decide)
     decide.add_argument("--encoder", metavar="NAME", help=ENCODER_HELP)
+    add_retrieval_flag(decide, DeciderSettings, "x_examples, x_shortlist and readouts' votes")
     decide.set_defaults(run=run)
 
 

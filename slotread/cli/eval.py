@@ -12,6 +12,7 @@ from slotread.cli.flags import (
     add_model_flag,
     add_progress_flag,
     add_question_flag,
+    add_retrieval_flag,
     default,
     settings_of,
 )
@@ -34,7 +35,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--baseline",
         choices=["tfidf", "knn"],
         help="run a baseline with no model instead: tfidf (TF-IDF + logistic regression on the train split) or "
-        "knn (the smoothed label vote of the --examples K BM25-nearest examples of the bank)",
+        "knn (the smoothed label vote of the --examples K nearest examples of the bank, by --retrieval)",
     )
     evaluate.add_argument("--dataset", help="banking77, clinc150, sst5, boolq, or a labelled .jsonl/.csv file")
     evaluate.add_argument("--split", help="split of a built-in dataset (default: test; boolq: dev)")
@@ -82,8 +83,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--examples",
         type=int,
         metavar="K",
-        help="show each item's K BM25-nearest bank examples as solved cases (x_examples=K); with --baseline knn, "
-        "the neighbours that vote. The bank is the train split (--train for a labelled file) or --example-bank",
+        help="show each item's K nearest bank examples (by --retrieval) as solved cases (x_examples=K); with "
+        "--baseline knn, the neighbours that vote. The bank is the train split (--train for a labelled file) "
+        "or --example-bank",
     )
     evaluate.add_argument(
         "--shortlist",
@@ -101,9 +103,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument(
         "--encoder",
         metavar="NAME",
-        help="a sentence encoder (all-minilm-l6-v2): with --shortlist and no --examples/--example-bank, the "
-        "shortlist comes from meaning and no bank is built (no labels seen)",
+        help="a sentence encoder (all-minilm-l6-v2): with --shortlist and no --examples/--example-bank/"
+        "--retrieval dense|hybrid, the shortlist comes from meaning and no bank is built (no labels seen); with "
+        "--retrieval dense|hybrid, the bank's ranking",
     )
+    add_retrieval_flag(evaluate, EvalSettings, "--examples, --shortlist, --baseline knn and readouts' votes")
     add_device_flags(evaluate, EvalSettings)
     evaluate.add_argument(
         "--out", type=Path, help="run folder: run.json, predictions.csv, metrics.json, reliability.png"

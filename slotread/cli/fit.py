@@ -12,6 +12,7 @@ from slotread.cli.flags import (
     add_model_flags,
     add_progress_flag,
     add_question_flag,
+    add_retrieval_flag,
     default,
     settings_of,
 )
@@ -85,6 +86,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(all-minilm-l6-v2) of the example bank, cross-fitted like --lexical; served with the bank and "
         "serve --encoder NAME",
     )
+    add_retrieval_flag(fit, FitSettings, "--vote (dense and hybrid embed with --encoder, which also joins the head)")
     fit.add_argument(
         "--seen-per-class",
         type=int,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_args
 
 from slotread.engines.diffusion_gemma.fast_paths import NAMES
+from slotread.quality.examples.retrieval import RETRIEVALS
 from slotread.settings import DataSettings, Dtype, ModelSettings
 
 SettingsT = TypeVar("SettingsT", bound=ModelSettings)
@@ -47,6 +48,17 @@ def add_model_flag(
         "--model",
         help="registry name, checkpoint dir or .gguf file "
         f"(default: $SLOTREAD_MODEL, else {default(settings, 'model')})",
+    )
+
+
+def add_retrieval_flag(parser: argparse.ArgumentParser, settings: type[ModelSettings], ranks: str) -> None:
+    """--retrieval: how example banks rank their examples (``quality.examples.retrieval``)."""
+    parser.add_argument(
+        "--retrieval",
+        choices=RETRIEVALS,
+        help=f"how the example bank ranks its examples for {ranks}: bm25 (words), dense (the --encoder's "
+        "cosine; finds paraphrases) or hybrid (reciprocal-rank fusion of both); a readout fitted with a vote "
+        f"serves only under the retrieval it was fitted with (default {default(settings, 'retrieval')})",
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotread.cli.decide import ENCODER_HELP
-from slotread.cli.flags import add_model_flags, add_slow_path_flag, default, settings_of
+from slotread.cli.flags import add_model_flags, add_retrieval_flag, add_slow_path_flag, default, settings_of
 from slotread.cli.foreground import stop_cleanly, uvicorn_level
 from slotread.models.shapes import RANDOM_PREFIX
 from slotread.settings import GATEWAY_CONCURRENCY, GPU_BATCH, GPU_DEFAULTS, Settings
@@ -103,6 +103,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="example_banks",
     )
     flag("--encoder", ENCODER_HELP, metavar="NAME")
+    add_retrieval_flag(serve, Settings, "x_examples, x_shortlist and readouts' votes")
     flag(
         "--upstream",
         "base URL of a slotread engine or vLLM server of --model (repeat for replicas): the server then "

@@ -60,11 +60,12 @@ def check_bank(bank: ExampleBank, dataset: Dataset) -> None:
 
 
 def bank_info(bank: ExampleBank) -> dict[str, Any]:
-    """How run.json names a bank: its source, size, schema and a digest of its examples."""
+    """How run.json names a bank: its source, size, schema, a digest of its examples and its retrieval."""
     text = json.dumps([[e.state, e.answer] for e in bank.examples], ensure_ascii=False)
     return {
         "source": bank.source,
         "examples": len(bank),
         "schema": bank.schema,
         "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "retrieval": bank.retrieval,
     }

@@ -1,7 +1,8 @@
 """Reference points with no language model, trained on the dataset's train split.
 
 ``tfidf``: TF-IDF features and logistic regression. ``knn``: the smoothed label vote of the K
-BM25-nearest examples of an example bank (``quality.examples.bank.vote_distribution``: one vote per
+nearest examples of an example bank, by its retrieval (BM25, dense or hybrid,
+``quality.examples.retrieval``; ``quality.examples.bank.vote_distribution``: one vote per
 neighbour, a pseudo count of one vote spread over the options), the vote a model read with
 ``x_examples``/``x_shortlist`` must beat to show that reading the model adds anything (issue 6).
 Each answers the same items and writes the same run folder as a model run, so it sits in the same
@@ -20,6 +21,7 @@ from slotread.eval.predictions import Prediction
 from slotread.eval.runner import Predictor, run, run_info
 from slotread.quality.examples.bank import ExampleBank
 from slotread.quality.examples.lexical import fit_text_classifier
+from slotread.quality.examples.retrieval import Retrieval
 
 SYSTEM = "tfidf-logreg"
 
@@ -53,13 +55,13 @@ def evaluate_baseline(dataset: Dataset, train: Dataset, out: Path, *, progress: 
     return run(dataset, out, info, lambda: tfidf_predictor(train), progress=progress)
 
 
-def knn_system(k: int) -> str:
+def knn_system(k: int, retrieval: Retrieval = "bm25") -> str:
     """The neighbour vote's name in run folders and tables."""
-    return f"bm25-vote-{k}"
+    return f"{retrieval}-vote-{k}"
 
 
 def knn_predictor(bank: ExampleBank, k: int) -> Predictor:
-    """Answer an item with the smoothed label vote of its k BM25-nearest bank examples."""
+    """Answer an item with the smoothed label vote of its k nearest bank examples (by the bank's retrieval)."""
 
     def predict(item: Item) -> Prediction:
         return Prediction(bank.vote(item.state, k))
@@ -75,5 +77,7 @@ def evaluate_knn(dataset: Dataset, bank: ExampleBank, k: int, out: Path, *, prog
     if k < 1:
         raise EvalError("the neighbour vote needs --examples K of at least 1")
     check_bank(bank, dataset)
-    info = run_info(dataset, knn_system(k), None) | {"example_bank": bank_info(bank), "neighbours": k}
+    if bank.embed is not None:  # embed the evaluated texts in batches now: the encoder caches them for the votes
+        bank.embed([item.state for item in dataset.items])
+    info = run_info(dataset, knn_system(k, bank.retrieval), None) | {"example_bank": bank_info(bank), "neighbours": k}
     return run(dataset, out, info, lambda: knn_predictor(bank, k), progress=progress)

@@ -86,8 +86,12 @@ def _train(settings: EvalSettings, dataset: Dataset, purpose: str) -> Dataset:
 def _bank(settings: EvalSettings, dataset: Dataset) -> ExampleBank | None:
     """The example bank the run reads (a bank file, or one built from the training data), or None."""
     banked = settings.readout_dir is not None and settings.baseline is None and banked_in(settings.readout_dir)
-    by_meaning = bool(
-        settings.encoder and settings.shortlist and not settings.examples and settings.example_bank is None
+    by_meaning = bool(  # dense or hybrid retrieval asks for a bank's shortlists, ranked by the encoder
+        settings.encoder
+        and settings.shortlist
+        and not settings.examples
+        and settings.example_bank is None
+        and settings.retrieval == "bm25"
     )
     if not (settings.examples or (settings.shortlist and not by_meaning) or settings.baseline == "knn" or banked):
         if settings.example_bank is not None:
@@ -99,10 +103,19 @@ def _bank(settings: EvalSettings, dataset: Dataset) -> ExampleBank | None:
     if settings.example_bank is not None:
         from slotread.decider import read_example_bank
 
-        return read_example_bank(settings.example_bank)
-    from slotread.eval.banks import bank_from_dataset
+        bank = read_example_bank(settings.example_bank)
+    else:
+        from slotread.eval.banks import bank_from_dataset
 
-    return bank_from_dataset(_train(settings, dataset, _bank_purpose(settings)), dataset)
+        bank = bank_from_dataset(_train(settings, dataset, _bank_purpose(settings)), dataset)
+    if settings.retrieval == "bm25":
+        return bank
+    from slotread.models.encoder import load_encoder
+
+    assert settings.encoder is not None  # EvalSettings requires one for dense and hybrid retrieval
+    return bank.retrieving(
+        settings.retrieval, load_encoder(settings.encoder, settings.cache_dir, settings.device).embed
+    )
 
 
 def _bank_purpose(settings: EvalSettings) -> str:

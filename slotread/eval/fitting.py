@@ -44,7 +44,18 @@ def write_readout(settings: FitSettings, fitting: FittingData) -> FitReport:
         from slotread.models.encoder import load_encoder
 
         encoder = load_encoder(settings.encoder, settings.cache_dir, settings.device)
-    passed = {"features", "layout", "holdout", "l2", "drop_overlap", "vote", "lexical", "batch_size", "progress"}
+    passed = {
+        "features",
+        "layout",
+        "holdout",
+        "l2",
+        "drop_overlap",
+        "vote",
+        "retrieval",
+        "lexical",
+        "batch_size",
+        "progress",
+    }
     fit = fit_readout(
         decider,
         fitting.data,

@@ -229,7 +229,8 @@ def evaluate_model(
     (``shuffle_options``); predictions stay in class order, so the run pairs with an unshuffled one
     in ``compare``, whose flip rate is then the option-order flip rate. ``example_bank`` (for
     ``x_examples``, ``x_shortlist``; described in run.json) must serve the dataset's question and hold
-    none of its items (EvalError, before the model loads); a Decider passed in serves its own banks.
+    none of its items (EvalError, before the model loads), and the Decider loaded ranks it by its own
+    retrieval (dense and hybrid with ``encoder``); a Decider passed in serves its own banks.
     ``encoder`` (recorded likewise) is the sentence encoder the loaded Decider serves shortlists from
     meaning with (``x_shortlist`` where no bank serves the question). ``concurrency`` decisions run at
     once, their reads and thoughts merged into shared engine calls as the server merges them
@@ -278,6 +279,7 @@ def evaluate_model(
             readout_dir=readout_dir,
             example_banks=[example_bank] if example_bank is not None else [],
             encoder=encoder,
+            retrieval=example_bank.retrieval if example_bank is not None else "bm25",
         )
         return decider
 

@@ -11,6 +11,7 @@ from slotread.core.aggregate import aggregate_reads
 from slotread.core.answers import Answer, Read
 from slotread.core.questions import Decision, Option, Question
 from slotread.errors import CalibrationError, InvalidRequest
+from slotread.models.encoder import SentenceEncoder
 from slotread.quality.artifact import schema_hash
 from slotread.quality.examples.bank import ExampleBank, ExampleBanks
 from slotread.quality.examples.lexical import bank_classifier, floored
@@ -104,7 +105,7 @@ def test_a_readout_with_a_vote_adds_its_weighted_log_and_needs_a_bank(tmp_path: 
     with pytest.raises(ValueError, match="the vote of 24 bank examples"):
         readout.probabilities(logits, None)
     path = readout.save(tmp_path)
-    assert json.loads(path.read_text())["vote"] == {"neighbours": 24, "weight": 2.0}
+    assert json.loads(path.read_text())["vote"] == {"neighbours": 24, "weight": 2.0}  # BM25: as before
     loaded = Readout.load(path)
     assert (loaded.vote_neighbours, loaded.vote_weight) == (24, 2.0) and banked_in(tmp_path)
     store = ReadoutStore("m", tmp_path)
@@ -187,3 +188,25 @@ def test_readouts_fitted_in_two_layouts_cannot_answer_one_decision(tmp_path: Pat
     identity_readout(schema=schema_hash(other, None), layout="schema_first").save(tmp_path)
     with pytest.raises(InvalidRequest, match="different prompt layouts"):
         ReadoutStore("m", tmp_path).layout_for(Decision("s", (QUESTION, other), readout=True))
+
+
+def test_a_readout_serves_its_vote_only_under_the_retrieval_it_was_fitted_with(
+    tmp_path: Path, encoder: SentenceEncoder
+) -> None:
+    path = identity_readout(vote_neighbours=3, vote_weight=1.0, vote_retrieval="dense").save(tmp_path)
+    data = json.loads(path.read_text())
+    assert data["vote"] == {"neighbours": 3, "weight": 1.0, "retrieval": "dense"}
+    assert Readout.load(path).vote_retrieval == "dense"
+    bank = ExampleBank.from_pairs(QUESTION, None, BANK_PAIRS, "bank")
+    under_bm25 = ReadoutStore("m", tmp_path, banks=ExampleBanks([bank])).problem("q", SCHEMA, banked=True)
+    assert under_bm25 is not None and "ranks them by bm25: serve it with --retrieval dense" in under_bm25
+    dense = ExampleBanks([bank], "dense", encoder.embed)
+    assert ReadoutStore("m", tmp_path, banks=dense).problem("q", SCHEMA, banked=True) is None
+    # artifacts written before retrieval was recorded voted by BM25, and serve only under it
+    path.write_text(json.dumps({**data, "vote": {"neighbours": 3, "weight": 1.0}}))
+    assert Readout.load(path).vote_retrieval == "bm25"
+    assert ReadoutStore("m", tmp_path, banks=ExampleBanks([bank])).problem("q", SCHEMA, banked=True) is None
+    assert ReadoutStore("m", tmp_path, banks=dense).problem("q", SCHEMA, banked=True) is not None
+    path.write_text(json.dumps({**data, "vote": {"neighbours": 3, "weight": 1.0, "retrieval": "tfidf"}}))
+    with pytest.raises(CalibrationError, match="retrieval must be one of bm25, dense, hybrid"):
+        Readout.load(path)

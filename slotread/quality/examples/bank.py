@@ -2,7 +2,8 @@
 
 A bank holds solved cases (state, option name) for one question schema (``quality.artifact.schema_hash``:
 the question's type, instructions and options, and the request-wide instructions). Similarity is
-BM25 over the states (``quality.examples.bm25``). A bank serves solved examples and shortlists
+BM25 over the states by default, or a sentence encoder's cosine, or both fused (the bank's
+``retrieval``, ``quality.examples.retrieval``; ``--retrieval``). A bank serves solved examples and shortlists
 (``quality.examples.shortlist``), the classifiers of a readout's partners (``lexical``, ``dense``),
 and the neighbour vote (``ExampleBank.vote``), a baseline with no model and a readout's partner: the
 smoothed label distribution of the k nearest examples, see ``vote_distribution``. A shortlist's
@@ -23,7 +24,8 @@ from slotread.core.questions import Question
 from slotread.errors import ExampleBankError
 from slotread.prompt.render import SolvedExample
 from slotread.quality.artifact import schema_hash
-from slotread.quality.examples.bm25 import BM25
+from slotread.quality.examples.meaning import Embed
+from slotread.quality.examples.retrieval import Retrieval, Retriever
 
 #: Bank examples the residual mass r is estimated on (leave-one-out), and the sample's seed.
 RESIDUAL_SAMPLE = 1000
@@ -62,11 +64,20 @@ class ExampleBank:
     """Solved cases of one question schema, searchable by state.
 
     ``question`` and ``instructions`` (request-wide) define the schema; every example's answer must
-    name one of the question's options (ExampleBankError otherwise, naming ``source``).
+    name one of the question's options (ExampleBankError otherwise, naming ``source``). ``retrieval``
+    ranks the examples (``quality.examples.retrieval``); dense and hybrid embed them here with ``embed``,
+    once (ExampleBankError, naming the flag, without an encoder).
     """
 
     def __init__(
-        self, question: Question, instructions: str | None, examples: Sequence[SolvedExample], source: str
+        self,
+        question: Question,
+        instructions: str | None,
+        examples: Sequence[SolvedExample],
+        source: str,
+        *,
+        retrieval: Retrieval = "bm25",
+        embed: Embed | None = None,
     ) -> None:
         names = [option.name for option in question.options]
         if not examples:
@@ -81,16 +92,40 @@ class ExampleBank:
         self.schema = schema_hash(question, instructions)
         self.labels = np.array([names.index(e.answer) for e in examples], dtype=np.int64)
         self._repeats = Counter(e.state for e in examples)
-        self._index = BM25([e.state for e in examples])
+        if retrieval != "bm25" and embed is None:
+            raise ExampleBankError(
+                f"{source}: --retrieval {retrieval} ranks the bank's examples by their sentence embeddings; "
+                "load a sentence encoder (--encoder all-minilm-l6-v2) or use --retrieval bm25"
+            )
+        self.retrieval = retrieval
+        self.embed = embed
+        self._index = Retriever([e.state for e in examples], retrieval, embed)
         self._residuals: dict[tuple[int, int], float] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def from_pairs(
-        cls, question: Question, instructions: str | None, pairs: Sequence[tuple[str, str]], source: str
+        cls,
+        question: Question,
+        instructions: str | None,
+        pairs: Sequence[tuple[str, str]],
+        source: str,
+        *,
+        retrieval: Retrieval = "bm25",
+        embed: Embed | None = None,
     ) -> ExampleBank:
         """A bank from (state, option name) pairs."""
-        return cls(question, instructions, [SolvedExample(state, answer) for state, answer in pairs], source)
+        examples = [SolvedExample(state, answer) for state, answer in pairs]
+        return cls(question, instructions, examples, source, retrieval=retrieval, embed=embed)
+
+    def retrieving(self, retrieval: Retrieval, embed: Embed | None) -> ExampleBank:
+        """This bank ranked by ``retrieval`` (itself when it already is; ExampleBankError without an encoder
+        for dense and hybrid)."""
+        if retrieval == self.retrieval:
+            return self
+        return ExampleBank(
+            self.question, self.instructions, self.examples, self.source, retrieval=retrieval, embed=embed
+        )
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -145,11 +180,21 @@ class ExampleBank:
 
 
 class ExampleBanks:
-    """The example banks a Decider serves, by schema; ExampleBankError if two serve one schema."""
+    """The example banks a Decider serves, by schema, each ranked by ``retrieval`` (a bank ranked otherwise is
+    re-ranked, ``ExampleBank.retrieving``). ExampleBankError if two serve one schema, or for dense and hybrid
+    retrieval without a sentence encoder's ``embed``."""
 
-    def __init__(self, banks: Sequence[ExampleBank] = ()) -> None:
+    def __init__(
+        self, banks: Sequence[ExampleBank] = (), retrieval: Retrieval = "bm25", embed: Embed | None = None
+    ) -> None:
+        if retrieval != "bm25" and embed is None:
+            raise ExampleBankError(
+                f"--retrieval {retrieval} ranks bank examples by their sentence embeddings; "
+                "load a sentence encoder (--encoder all-minilm-l6-v2) or use --retrieval bm25"
+            )
+        self.retrieval = retrieval
         self._banks: dict[str, ExampleBank] = {}
-        for bank in banks:
+        for bank in (bank.retrieving(retrieval, embed) for bank in banks):
             other = self._banks.get(bank.schema)
             if other is not None:
                 raise ExampleBankError(f"{bank.source} and {other.source} are banks of the same question schema")

@@ -11,11 +11,13 @@ features (``quality.readouts.logistic``) with a temperature fitted on held-out i
 and the answer is the mean of p over the question's reads (its draws), like any other answer.
 
 A readout fitted with partners (``slotread fit --vote K``, ``--lexical``) also reads the schema's
-example bank: it adds w_v · log v, v the smoothed label vote of the state's K BM25-nearest bank
-examples (``quality.examples``), and w_l · log q̃, q̃ the class probabilities of a TF-IDF + logistic
-regression classifier trained on the bank (``quality.examples.lexical``), and w_e · log ẽ, ẽ the class
-probabilities of a logistic regression on the state's sentence embedding trained on the bank
-(``quality.examples.dense``, ``slotread fit --encoder``), with T and the weights fitted together on the
+example bank: it adds w_v · log v, v the smoothed label vote of the state's K nearest bank
+examples (``quality.examples``; nearest by the retrieval it was fitted with, BM25 unless
+``slotread fit --retrieval`` said otherwise, and it serves only under that one), and w_l · log q̃,
+q̃ the class probabilities of a TF-IDF + logistic regression classifier trained on the bank
+(``quality.examples.lexical``), and w_e · log ẽ, ẽ the class probabilities of a logistic regression
+on the state's sentence embedding trained on the bank (``quality.examples.dense``, ``slotread fit
+--encoder``), with T and the weights fitted together on the
 held-out items (``quality.readouts.fusion``):
 
     p(read) = softmax((W z + b) / T + w_v · log v + w_l · log q̃ + w_e · log ẽ)
@@ -32,14 +34,15 @@ time, and a served bank of another size is logged as a warning).
     <model>.<schema[:16]>.readout.json  {"format": "slotread-readout/1", "model", "schema",
                                          "question": {"type", "options"}, "features", "hidden_size",
                                          "layout", "temperature", "l2", "vote": null | {"neighbours",
-                                         "weight"}, "lexical": null | {"weight", "examples"},
+                                         "weight", "retrieval"?}, "lexical": null | {"weight", "examples"},
                                          "encoder": null | {"name", "weight", "examples"},
                                          "arrays": "<the .npz file name>",
                                          "fitted_on": {data, items, held-out metrics, ...}}
     <model>.<schema[:16]>.readout.npz   float64 arrays mean (d,), scale (d,), weight (n, d), bias (n,)
 
 The header (``format`` to ``question``, and ``fitted_on``) is every artifact's (``quality.artifact``);
-the schema is ``quality.artifact.schema_hash``, as for calibration artifacts. ``layout`` is the prompt
+the schema is ``quality.artifact.schema_hash``, as for calibration artifacts. The vote's ``retrieval``
+(``quality.examples.retrieval``) is written when it is not BM25; absent, it is BM25. ``layout`` is the prompt
 layout the head was fitted on (its features depend on it): requests with ``x_readout`` are rendered
 in it. A causal model's plain reads are state-first; a readout may be fitted schema-first instead,
 so that one schema's KV is cached for every state (a 77-option schema is ~600 tokens, a message
@@ -63,6 +66,7 @@ from slotread.core.answers import Answer
 from slotread.errors import CalibrationError
 from slotread.prompt.render import Layout
 from slotread.quality.artifact import Artifact, file_stem, parse_header, write_json
+from slotread.quality.examples.retrieval import RETRIEVALS, Retrieval
 from slotread.quality.readouts.logistic import LogisticHead
 
 FORMAT = "slotread-readout/1"
@@ -98,6 +102,8 @@ class Readout(Artifact):
     #: the bank neighbours whose vote the answer adds (0: none), and its weight w_v
     vote_neighbours: int = 0
     vote_weight: float = 0.0
+    #: how the vote's neighbours were ranked (``quality.examples.retrieval``); served only under the same
+    vote_retrieval: Retrieval = "bm25"
     #: the weight w_l of the lexical classifier's log q̃ (None: the readout has no lexical partner), and
     #: the size of the bank it was fitted with
     lexical_weight: float | None = None
@@ -169,7 +175,7 @@ class Readout(Artifact):
             "layout": self.layout,
             "temperature": self.temperature,
             "l2": self.l2,
-            "vote": {"neighbours": self.vote_neighbours, "weight": self.vote_weight} if self.vote_neighbours else None,
+            "vote": self._vote() if self.vote_neighbours else None,
             "lexical": None
             if self.lexical_weight is None
             else {"weight": self.lexical_weight, "examples": self.lexical_examples},
@@ -179,6 +185,11 @@ class Readout(Artifact):
             "arrays": arrays,
             "fitted_on": dict(self.fitted_on),
         }
+
+    def _vote(self) -> dict[str, Any]:
+        """The artifact's vote; its retrieval only when not BM25, so a BM25 readout's file reads as before."""
+        vote: dict[str, Any] = {"neighbours": self.vote_neighbours, "weight": self.vote_weight}
+        return vote | ({"retrieval": self.vote_retrieval} if self.vote_retrieval != "bm25" else {})
 
     def save(self, directory: Path) -> Path:
         """Write the two files into ``directory`` (arrays first, each atomically); returns the JSON path."""
@@ -239,6 +250,9 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
     neighbours, weight = int(vote["neighbours"]), float(vote["weight"])
     if neighbours < 0 or not (math.isfinite(weight) and weight >= 0):
         raise ValueError(f"the vote's neighbours and weight must not be negative, got {neighbours} and {weight}")
+    retrieval = vote.get("retrieval", "bm25")  # absent from artifacts fitted before dense retrieval: BM25
+    if retrieval not in RETRIEVALS:
+        raise ValueError(f"the vote's retrieval must be one of {', '.join(RETRIEVALS)}, got {retrieval!r}")
     lexical = data.get("lexical")  # absent from artifacts fitted before the lexical partner
     lexical_weight = None if lexical is None else float(lexical["weight"])
     lexical_examples = 0 if lexical is None else int(lexical["examples"])
@@ -261,6 +275,7 @@ def _parse(data: Any, head: LogisticHead) -> Readout:
         l2=float(data["l2"]),
         vote_neighbours=neighbours,
         vote_weight=weight,
+        vote_retrieval=retrieval,
         lexical_weight=lexical_weight,
         lexical_examples=lexical_examples,
         encoder=None if encoder is None else str(encoder["name"]),

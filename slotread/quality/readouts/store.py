@@ -25,6 +25,7 @@ from slotread.quality.examples.bank import ExampleBank, ExampleBanks
 from slotread.quality.examples.dense import EmbeddingClassifier, bank_embedding_classifier
 from slotread.quality.examples.lexical import TextClassifier, bank_classifier, floored
 from slotread.quality.examples.meaning import Embed
+from slotread.quality.examples.retrieval import Retrieval
 from slotread.quality.readouts.readout import READOUT_FILES, Readout
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class ReadoutStore:
     ) -> None:
         self.model = model
         self.encoder = encoder
+        #: how the served banks rank their examples: a readout's vote serves only under its own retrieval
+        self.retrieval: Retrieval = banks.retrieval if banks is not None else "bm25"
         self.hidden_states = hidden_states
         self._readouts: dict[str, tuple[Readout, Path]] = {}
         self._lexical: dict[str, TextClassifier] = {}
@@ -111,6 +114,12 @@ class ReadoutStore:
             return (
                 f"the readout of {where} adds {' and '.join(partners)}, and no bank serves this question; "
                 "serve one with --example-bank"
+            )
+        if readout.vote_neighbours and readout.vote_retrieval != self.retrieval:
+            return (
+                f"the readout of {where} was fitted with the vote of its {readout.vote_retrieval}-nearest bank "
+                f"examples, and this server ranks them by {self.retrieval}: serve it with --retrieval "
+                f"{readout.vote_retrieval}"
             )
         if readout.lexical_weight is not None and schema not in self._lexical:
             return f"the readout of {where} has no lexical classifier: its readouts were loaded without its bank"

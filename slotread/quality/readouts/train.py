@@ -42,7 +42,7 @@ from slotread.api.systemone import parse_request, to_decision
 from slotread.core.aggregate import softmax
 from slotread.core.decide import read_each
 from slotread.decider import Decider
-from slotread.errors import InvalidRequest
+from slotread.errors import ExampleBankError, InvalidRequest
 from slotread.eval.datasets import Dataset, per_class_sample
 from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import build_request, option_names
@@ -56,6 +56,7 @@ from slotread.quality.examples.bank import ExampleBank
 from slotread.quality.examples.dense import cross_fitted_dense
 from slotread.quality.examples.lexical import FOLDS as LEXICAL_FOLDS
 from slotread.quality.examples.lexical import cross_fitted
+from slotread.quality.examples.retrieval import Retrieval
 from slotread.quality.readouts.fusion import fit_fusion
 from slotread.quality.readouts.logistic import LogisticHead, fit_logistic
 from slotread.quality.readouts.readout import Features, Readout, read_features
@@ -155,6 +156,7 @@ def fit_readout(
     exclude: Dataset | None = None,
     drop_overlap: bool = False,
     vote: int = DEFAULTS.vote,
+    retrieval: Retrieval = DEFAULTS.retrieval,
     lexical: bool = DEFAULTS.lexical,
     encoder: SentenceEncoder | None = None,
     batch_size: int = DEFAULTS.batch_size,
@@ -165,10 +167,11 @@ def fit_readout(
     renders the reads (default: the model family's, as plain reads; see ``quality.readouts.readout``).
     ``drop_overlap`` drops the items that ``exclude`` holds instead of refusing the data (BANKING77's
     train split repeats 7 of its test messages). ``vote`` > 0 fits a readout that adds the label vote
-    of that many nearest example-bank examples (``quality.readouts.readout``); ``lexical`` one that adds a TF-IDF +
-    logistic regression classifier trained on the bank (``quality.examples.lexical``); ``encoder`` one that adds a
-    logistic regression on that sentence encoder's embeddings of the bank (``quality.examples.dense``). Each is
-    served with a bank (and the encoder).
+    of that many nearest example-bank examples (``quality.readouts.readout``), ranked by ``retrieval``
+    (dense and hybrid embed with ``encoder``; recorded, and the readout serves only under it);
+    ``lexical`` one that adds a TF-IDF + logistic regression classifier trained on the bank
+    (``quality.examples.lexical``); ``encoder`` one that adds a logistic regression on that sentence
+    encoder's embeddings of the bank (``quality.examples.dense``). Each is served with a bank (and the encoder).
 
     Raises InvalidRequest, before anything is read, for data that overlaps ``exclude`` or has no items,
     read options x_readout refuses, a holdout share outside (0, 1), a negative ``vote`` or an engine that
@@ -203,7 +206,13 @@ def fit_readout(
     ):  # all the data, before per-class sampling, as a served bank holds every example
         names = option_names(data.task)
         pairs = [(item.state, names[item.gold]) for item in everything.items]
-        bank = ExampleBank.from_pairs(question, decision.instructions, pairs, everything.title)
+        embed = encoder.embed if encoder is not None else None
+        try:
+            bank = ExampleBank.from_pairs(
+                question, decision.instructions, pairs, everything.title, retrieval=retrieval, embed=embed
+            )
+        except ExampleBankError as exc:  # dense or hybrid retrieval without an encoder
+            raise InvalidRequest.at(["retrieval"], str(exc)) from None
 
     started = time.perf_counter()
     renderer = decider.renderer_for(layout) if layout else decider.renderer
@@ -315,6 +324,7 @@ def fit_readout(
         l2=strength,
         vote_neighbours=vote,
         vote_weight=weights.get("vote", 0.0),
+        vote_retrieval=retrieval if vote else "bm25",
         lexical_weight=weights.get("lexical"),
         lexical_examples=len(bank) if lexical and bank is not None else 0,
         encoder=None if encoder is None else encoder.name,
