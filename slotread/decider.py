@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
+import slotread.pipeline as pipeline
 from slotread.api.bank_file import read_bank
 from slotread.api.images import ImageLimits
 from slotread.core.answers import DecisionResult
@@ -29,8 +30,6 @@ from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError
 from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
-from slotread.pipeline import MODEL_ALIASES as MODEL_ALIASES  # the server's model list names them
-from slotread.pipeline import answer, respond
 from slotread.prompt.render import Layout, Renderer
 from slotread.quality.calibration.store import CalibrationStore
 from slotread.quality.examples.bank import ExampleBank, ExampleBanks
@@ -38,6 +37,9 @@ from slotread.quality.readouts.store import ReadoutStore
 from slotread.settings import GPU_BATCH, DeciderSettings
 
 logger = logging.getLogger(__name__)
+
+#: Model names a request may give besides the served model's own name (``pipeline.validate`` checks them).
+MODEL_ALIASES = pipeline.MODEL_ALIASES
 
 #: the defaults of the Decider's keyword arguments, written once in ``settings`` (without the environment)
 DEFAULTS = DeciderSettings.model_construct()
@@ -226,9 +228,9 @@ class Decider:
         Raises InvalidRequest (with FastAPI-style ``detail``), UnknownModel or PromptTooLong; with
         upstreams also UpstreamUnavailable or UpstreamError.
         """
-        return respond(self, request, parts)
+        return pipeline.respond(self, request, parts)
 
     def answer(self, request: dict[str, Any]) -> DecisionResult:
         """Answer a System One request body with core values: each answer keeps its raw reads (label
         logits in option order, with the assignment each was read under), which fitting needs."""
-        return answer(self, request)[1]
+        return pipeline.answer(self, request)[1]
