@@ -1,4 +1,6 @@
-"""A request's path through the Decider, one named stage after another: read ``respond`` top to bottom.
+"""A request's path through the Decider, one named stage after another.
+
+``respond`` (``answer``, then ``assemble``) calls them in this order:
 
 1. ``validate``: the wire body as a core Decision; refused (4xx) when it is malformed, names another
    model, or asks for what this model cannot read (images, thoughts, denoise steps).
