@@ -15,11 +15,10 @@ from typing import Any
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
-from slotread.api import systemone
+import slotread.pipeline as pipeline
 from slotread.api.bank_file import read_bank
 from slotread.api.images import ImageLimits
-from slotread.api.read_modes import model_problems, read_modes
-from slotread.core.decide import DecisionResult
+from slotread.core.answers import DecisionResult
 from slotread.engines.base import Engine, vision_of
 from slotread.engines.causal import CausalEngine
 from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
@@ -27,13 +26,11 @@ from slotread.engines.diffusion_gemma.fast_paths import FastPaths
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.engines.thought import can_think
-from slotread.errors import CalibrationError, ExampleBankError, InvalidRequest, ModelLoadError, UnknownModel
+from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError
 from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.masked_adapter import masked_adapter
 from slotread.prompt.render import Layout, Renderer
-from slotread.quality.answering import decide_calibrated
 from slotread.quality.calibration.store import CalibrationStore
 from slotread.quality.examples.bank import ExampleBank, ExampleBanks
 from slotread.quality.examples.retrieval import Retrieval
@@ -42,8 +39,9 @@ from slotread.settings import GPU_BATCH, DeciderSettings
 
 logger = logging.getLogger(__name__)
 
-#: Model names a request may give besides the served model's own name.
-MODEL_ALIASES = ("jev-latest",)
+#: Model names a request may give besides the served model's own name (``pipeline.validate`` checks them).
+MODEL_ALIASES = pipeline.MODEL_ALIASES
+
 #: the defaults of the Decider's keyword arguments, written once in ``settings`` (without the environment)
 DEFAULTS = DeciderSettings.model_construct()
 DEFAULT_DTYPE: torch.dtype = getattr(torch, DEFAULTS.dtype)
@@ -226,66 +224,15 @@ class Decider:
 
     def decide(self, request: dict[str, Any], parts: dict[str, bytes] | None = None) -> dict[str, Any]:
         """Answer a System One request body (``parts``: a multipart body's files by part name, which its
-        ``assets`` name); returns the response body.
+        ``assets`` name); returns the response body. The request's path, stage by stage, is
+        ``slotread.pipeline``.
 
         Raises InvalidRequest (with FastAPI-style ``detail``), UnknownModel or PromptTooLong; with
         upstreams also UpstreamUnavailable or UpstreamError.
         """
-        wire, result = self._answer(request, parts)
-        deterministic = None
-        if not isinstance(self.engine, RemoteEngine):
-            # thoughts and multi-step reads sample through the library's own kernels: not batch-invariant
-            modes = read_modes(wire, [])
-            deterministic = self.engine.deterministic and modes.think == 0 and modes.steps == 1
-        return systemone.to_response(result, wire, self.name, deterministic)
+        return pipeline.respond(self, request, parts)
 
     def answer(self, request: dict[str, Any]) -> DecisionResult:
         """Answer a System One request body with core values: each answer keeps its raw reads (label
         logits in option order, with the assignment each was read under), which fitting needs."""
-        return self._answer(request)[1]
-
-    def _answer(
-        self, request: dict[str, Any], parts: dict[str, bytes] | None = None
-    ) -> tuple[systemone.SystemOneRequest, DecisionResult]:
-        wire = systemone.parse_request(request)
-        if wire.model is not None and wire.model not in (self.name, *MODEL_ALIASES):
-            raise UnknownModel(wire.model, [self.name, *MODEL_ALIASES])
-        if (wire.images or wire.assets or parts) and not self.takes_images:
-            raise self._no_images()
-        decision = systemone.to_decision(
-            wire,
-            max_questions=self.max_questions,
-            max_samples=self.max_samples,
-            max_options=self.max_options,
-            max_permutations=self.max_permutations,
-            image_limits=self.image_limits,
-            parts=parts,
-        )
-        modes = read_modes(wire, [])
-        thinks, upstream = can_think(self.engine), isinstance(self.engine, RemoteEngine)
-        if unable := model_problems(modes, self.name, self.engine.family, thinks, upstream):
-            raise InvalidRequest(unable)
-        layout = self.readouts.layout_for(decision) if decision.readout else None
-        renderer = self.renderer_for(layout) if layout else self.renderer
-        result = decide_calibrated(
-            decision,
-            self.engine,
-            renderer,
-            self.calibrations,
-            self.max_prompt_tokens,
-            self.banks,
-            self.readouts,
-            self.encoder.embed if self.encoder is not None else None,
-        )
-        return wire, result
-
-    def _no_images(self) -> InvalidRequest:
-        if isinstance(self.engine, RemoteEngine):
-            msg = (
-                f"images cannot go through --upstream: slotread sends reads to vLLM's completions API as token ids, "
-                f"which carry no images; serve {self.name} in process to ask about images"
-            )
-        else:
-            msg = f"model {self.name!r} reads text only: it takes no images"
-        loc = ["body", "images"]
-        return InvalidRequest.at(loc, msg, "images_not_supported")
+        return pipeline.answer(self, request)[1]

@@ -9,7 +9,7 @@ import pytest
 
 from slotread.api.systemone import parse_request, to_decision
 from slotread.cli import main
-from slotread.core.decide import read_each
+from slotread.core.reads import read_each
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.eval.datasets import Dataset, Item, Task

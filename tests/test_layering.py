@@ -1,4 +1,4 @@
-"""Imports run one way: api, quality -> core -> prompt, engines; the wiring modules sit on top.
+"""Imports run one way: api, quality -> core -> prompt, engines; the pipeline above them, the wiring on top.
 
 Every module of slotread belongs to a layer (a top-level module or subpackage, or a module below one
 named on its own), and the test fails for a module that belongs to none.
@@ -14,7 +14,7 @@ PACKAGE = Path(slotread.__file__).parent
 
 #: the training entry points (``slotread calibrate``, ``slotread fit``) read labelled data through the
 #: Decider, as an evaluation does; they live beside what they fit, and nothing else in quality imports them
-TRAINING = {"api", "core", "decider", "engines", "eval", "models", "prompt", "quality", "settings"}
+TRAINING = {"api", "core", "decider", "engines", "eval", "models", "pipeline", "prompt", "quality", "settings"}
 #: what each layer may import from slotread (besides itself and the shared errors module); a module's
 #: layer is the longest key its dotted name below slotread starts with
 ALLOWED = {
@@ -22,8 +22,8 @@ ALLOWED = {
     "core": {"prompt", "engines"},
     "prompt": {"engines"},
     "engines": set(),
-    # calibration and conformal sets, example banks and learned readouts work on core's answers
-    # (through the hook core.decide offers) and read content-free prompts through core.decide
+    # calibration and conformal sets, example banks and learned readouts work on core's answers; the
+    # pipeline calls them before and after the reads
     "quality": {"core", "prompt", "engines"},
     "quality.calibration.train": TRAINING,
     "quality.readouts.train": TRAINING,
@@ -48,8 +48,12 @@ ALLOWED = {
     },
     # the batcher merges concurrent engine calls; it knows the engine contract alone
     "serve.batcher": {"engines"},
-    # the Decider wires a model, its engine and the quality stores behind the System One API
-    "decider": {"api", "core", "engines", "models", "prompt", "quality", "settings"},
+    # a request's stages in order: the wire format (api), the reads (core), the fits around them
+    # (quality), the sentence encoder's embeddings (models)
+    "pipeline": {"api", "core", "engines", "models", "prompt", "quality"},
+    # the Decider wires a model, its engine and the quality stores behind the System One API; each
+    # request it hands to the pipeline
+    "decider": {"api", "core", "engines", "models", "pipeline", "prompt", "quality", "settings"},
     "settings": {"api", "engines", "models", "prompt"},
     "errors": set(),
     "__init__": {"decider"},

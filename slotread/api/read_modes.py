@@ -4,7 +4,7 @@
 returns each answer's thought. ``steps`` (1-8) denoises a DiffusionGemma canvas that many steps, its
 template pinned, before the read. The plain name is the example server's, the ``x_`` one slotread's;
 give either (both only if equal). Out of range, a 422 naming the field. Whether the served model can
-think or denoise is the Decider's to check (``model_problems``): the wire format does not know it.
+think or denoise is ``pipeline.validate``'s to check (``model_problems``): the wire format does not know it.
 """
 
 from __future__ import annotations

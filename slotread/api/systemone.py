@@ -29,8 +29,7 @@ from slotread.api.images import (
 from slotread.api.read_modes import read_modes
 from slotread.api.responses import Level
 from slotread.api.unknown_fields import unknown_fields
-from slotread.core.answers import Answer, choice_confidence, score_confidence, score_expectation
-from slotread.core.decide import DecisionResult
+from slotread.core.answers import Answer, DecisionResult, choice_confidence, score_confidence, score_expectation
 from slotread.core.images import Image
 from slotread.core.questions import (
     AUTO_MAX,

@@ -84,3 +84,16 @@ class Answer:
     def top_name(self) -> str:
         """Name of the most probable option (``yes``/``no`` for a noul, the level index for a score)."""
         return self.question.options[self.top].name
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    """Answers keyed by question id in request order (None: not asked), and what the reads cost.
+
+    ``input_tokens`` counts prompt and canvas tokens once per read unit; ``output_tokens`` counts the
+    slots read, once per draw.
+    """
+
+    answers: dict[str, Answer | None]
+    input_tokens: int
+    output_tokens: int

@@ -101,10 +101,10 @@ class Decision:
     """A whole request: the state text, the questions in caller order, and how to read them.
 
     ``permutations``: how many option→label assignments each question is read under (at most its
-    number of options; scores always one, see ``core.decide``). ``quality``: what ``slotread.quality``
-    does around the reads, which ``core.decide`` never reads (``QualityOptions``). ``readout``: answer
+    number of options; scores always one, see ``core.reads``). ``quality``: what ``slotread.quality``
+    does around the reads, which ``core.reads`` never reads (``QualityOptions``). ``readout``: answer
     with the schema's learned readout (``slotread.quality.readouts``); it stays here because
-    ``core.decide`` then asks the engine for the slots' hidden states. ``auto_threshold`` and
+    ``core.reads`` then asks the engine for the slots' hidden states. ``auto_threshold`` and
     ``auto_max``: with ``samples="auto"``, a question whose first read's normalised entropy is above
     the threshold is read again, up to ``auto_max`` draws in all. ``chunk_rows``: a joint canvas holds
     at most this many tokens before its padding (None: one canvas per stage), the questions split in

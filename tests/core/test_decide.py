@@ -12,11 +12,12 @@ import pytest
 
 from slotread.api.systemone import parse_request, to_decision
 from slotread.core.assignments import shifts
-from slotread.core.decide import decide, question_text
+from slotread.core.reads import question_text
 from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.errors import EngineFault, PromptTooLong, UnknownModel
 from slotread.models.load import LoadedModel
+from slotread.pipeline import read_stages
 from slotread.prompt.render import Renderer
 
 
@@ -121,7 +122,7 @@ def test_renaming_reordering_and_adding_questions_moves_no_answer(decider: Decid
 def recorded(decider: Decider, body: dict[str, Any]) -> list[ReadRequest]:
     """The engine requests one decision makes."""
     recorder = RecordingEngine(decider.engine)
-    decide(to_decision(parse_request(body)), recorder, decider.renderer)
+    read_stages(to_decision(parse_request(body)), recorder, decider.renderer)
     return recorder.requests
 
 
@@ -179,7 +180,7 @@ def test_prompt_too_long_is_refused_before_reading(decider: Decider) -> None:
     recorder = RecordingEngine(decider.engine)
     decision = to_decision(parse_request({"state": STATE * 20, "questions": {"q": {"type": "noul"}}}))
     with pytest.raises(PromptTooLong):
-        decide(decision, recorder, decider.renderer, max_tokens=64)
+        read_stages(decision, recorder, decider.renderer, max_tokens=64)
     assert recorder.requests == []
 
 
@@ -289,7 +290,7 @@ def test_every_assignment_maps_back_to_the_option_it_listed(smollm2: LoadedModel
     }
     engine = OptionPickingEngine(renderer, "lost")
     decision = to_decision(parse_request({"state": STATE, "questions": questions, "x_permutations": k}))
-    result = decide(decision, engine, renderer)
+    result = read_stages(decision, engine, renderer)
     intent, urgent = result.answers["intent"], result.answers["urgent"]
     assert intent is not None and urgent is not None
     assert intent.top_name == "lost" and intent.probabilities[2] > 0.999

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from slotread.core.decide import decide
 from slotread.core.images import Image
 from slotread.core.questions import Condition, Decision, Option, Question
 from slotread.engines.base import ReadRequest, SlotScores
 from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.errors import InvalidRequest
 from slotread.models.load import LoadedModel
+from slotread.pipeline import read_stages
 from slotread.prompt.render import Renderer
 
 
@@ -70,7 +70,7 @@ def test_staged_reads_restate_earlier_answers_after_the_image(
     assert engine.vision is not None
     runs = engine.vision.runs
 
-    result = decide(decision, recorded, renderer)
+    result = read_stages(decision, recorded, renderer)
 
     assert set(result.answers) == {"shape", "red"} and all(result.answers.values())
     assert engine.vision.runs == runs + 1  # both stages, one run of the tower
@@ -99,8 +99,8 @@ def test_the_text_of_the_image_token_in_the_state_is_refused(
     question = Question("q", "noul", None, (Option("yes"), Option("no")))
     decision = Decision(state=f"look {marker} here", questions=(question,), images=(image((0, 0, 200), 0),))
     with pytest.raises(InvalidRequest) as caught:
-        decide(decision, engine, renderer)
+        read_stages(decision, engine, renderer)
     assert caught.value.detail[0]["loc"] == ["body", "state"]
     # without images the same text is read as text
-    plain = decide(Decision(state=f"look {marker} here", questions=(question,)), engine, renderer)
+    plain = read_stages(Decision(state=f"look {marker} here", questions=(question,)), engine, renderer)
     assert plain.answers["q"] is not None

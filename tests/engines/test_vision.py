@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from slotread.core.decide import question_text
 from slotread.core.images import Image, place_images
 from slotread.core.questions import Option, Question
+from slotread.core.reads import question_text
 from slotread.engines.base import ReadRequest, SlotScores
 from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.diffusion_gemma.noise import noise_canvas

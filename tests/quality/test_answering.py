@@ -13,9 +13,9 @@ from slotread.core.answers import Answer
 from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.models.load import LoadedModel
-from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import schema_hash
 from slotread.quality.calibration.artifact import Calibration
+from slotread.quality.calibration.content_free import CONTENT_FREE_STATES
 from slotread.quality.calibration.methods import TopLabelBins
 from tests.core.test_decide import RecordingEngine
 

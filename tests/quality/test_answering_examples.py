@@ -11,8 +11,8 @@ from slotread.decider import Decider
 from slotread.errors import InvalidRequest
 from slotread.models.load import LoadedModel
 from slotread.prompt.render import SolvedExample
-from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import schema_hash
+from slotread.quality.calibration.content_free import CONTENT_FREE_STATES
 from slotread.quality.examples.bank import ExampleBank
 from slotread.quality.examples.shortlist import SHORTLIST_NEIGHBOURS
 from tests.core.test_decide import RecordingEngine

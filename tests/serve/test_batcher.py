@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from slotread.core.decide import question_text
 from slotread.core.questions import Option, Question
+from slotread.core.reads import question_text
 from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.engines.thought import ThoughtRequest

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from slotread.core.decide import question_text
 from slotread.core.questions import Option, Question
+from slotread.core.reads import question_text
 from slotread.engines.base import ReadRequest, SlotScores
 from slotread.engines.remote.wire import batch_body, batch_responses, completion_bodies, slot_scores
 from slotread.models.load import LoadedModel

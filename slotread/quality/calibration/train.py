@@ -34,10 +34,10 @@ from slotread.eval.datasets import Dataset, class_counts
 from slotread.eval.metrics import expected_calibration_error
 from slotread.eval.runner import QUESTION_ID, build_request
 from slotread.eval.training import refuse_overlap
-from slotread.quality.answering import CONTENT_FREE_STATES
 from slotread.quality.artifact import schema_hash
 from slotread.quality.calibration.artifact import CONFORMAL_METHODS, Calibration
 from slotread.quality.calibration.conformal import nonconformity
+from slotread.quality.calibration.content_free import CONTENT_FREE_STATES
 from slotread.quality.calibration.methods import (
     apply_top_label_bins,
     calibrate_reads,

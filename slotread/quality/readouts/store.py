@@ -85,8 +85,8 @@ class ReadoutStore:
 
     def layout_for(self, decision: Decision) -> Layout | None:
         """The prompt layout the readouts of ``decision``'s questions were fitted in (None if one is
-        missing: answering refuses that). Raises InvalidRequest when they differ: one decision is
-        rendered in one layout."""
+        missing: ``readouts.apply.refuse_missing_readouts`` refuses that). Raises InvalidRequest when
+        they differ: one decision is rendered in one layout."""
         found = [self.get(schema_hash(q, decision.instructions)) for q in decision.questions]
         layouts = {readout.layout for readout in found if readout is not None}
         if len(layouts) > 1:

@@ -9,7 +9,7 @@ The data is an evaluation ``Dataset`` (a built-in split or a labelled file with 
 1. refuse data that overlaps the evaluation data (``exclude``, ``eval.training.refuse_overlap``; or
    drop those items), then keep at most ``per_class`` items of each class (seeded);
 2. read every item once (its draws on a noisy model), ``batch_size`` items per engine call
-   (``core.decide.read_each``), keeping each read's label logits and slot hidden state;
+   (``core.reads.read_each``), keeping each read's label logits and slot hidden state;
 3. split the items, stratified by class and seeded, into a training part and ``holdout`` share; when
    that share would hold fewer than ``MIN_HELD_OUT`` items (few labels), cross-fit instead: every item
    is held out once, its scores from a head fitted on the other ``CROSS_FOLDS`` − 1 folds;
@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from slotread.api.systemone import parse_request, to_decision
 from slotread.core.aggregate import softmax
-from slotread.core.decide import read_each
+from slotread.core.reads import read_each
 from slotread.decider import Decider
 from slotread.errors import ExampleBankError, InvalidRequest
 from slotread.eval.datasets import Dataset, per_class_sample

@@ -1,4 +1,7 @@
-"""Answer a Decision: plan the stages, render the reads, call the engine, aggregate the reads.
+"""A stage's reads: render one read unit per canvas and assignment, read them, aggregate their reads.
+
+The pieces ``slotread.pipeline`` calls for each stage of a decision, in this order: ``render_units``,
+``read_units``, ``aggregate_units`` (and ``read_each``, the same for many one-stage decisions at once).
 
 Isolated reads (the default) give each question its own prompt and canvas, so adding, removing,
 renaming or reordering other questions cannot move its answer: its noise seeds come from the request
@@ -17,7 +20,6 @@ numbers, so relabelling would contradict the prompt's "answer with the number of
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,32 +28,14 @@ from slotread.core.aggregate import aggregate_reads, softmax
 from slotread.core.answers import Answer, Read
 from slotread.core.assignments import listing_order, shifts, to_option_order
 from slotread.core.images import PlacedImages, place_images
-from slotread.core.plan import is_asked, plan_stages
 from slotread.core.questions import Decision, Question
-from slotread.core.thinking import think
 from slotread.engines.base import Engine, ReadRequest, SlotScores, vision_of
 from slotread.errors import EngineFault, PromptTooLong
 from slotread.prompt.render import EarlierAnswer, OptionText, QuestionText, Rendered, Renderer
 
-#: What each answer goes through before later stages and the caller see it (``slotread.quality``).
-Adjust = Callable[[Answer], Answer]
-
-
-@dataclass(frozen=True)
-class DecisionResult:
-    """Answers keyed by question id in request order (None: not asked), and what the reads cost.
-
-    ``input_tokens`` counts prompt and canvas tokens once per read unit; ``output_tokens`` counts the
-    slots read, once per draw.
-    """
-
-    answers: dict[str, Answer | None]
-    input_tokens: int
-    output_tokens: int
-
 
 @dataclass
-class _Unit:
+class Unit:
     """One rendered read (a branch or a joint canvas), the questions of its slots with the shift each was
     listed under (None: a joint canvas read more often than this question has assignments; not
     counted for it), and its draws; with ``think``, the thought they follow and its length in tokens."""
@@ -62,6 +46,11 @@ class _Unit:
     scores: list[SlotScores]
     thought: str | None = None
     thought_tokens: int = 0
+
+
+def token_limit(engine: Engine, max_tokens: int | None) -> int:
+    """The most tokens a read may hold: the engine's own limit, or ``max_tokens`` where that is lower."""
+    return min(engine.max_tokens, max_tokens or engine.max_tokens)
 
 
 def question_shifts(question: Question, permutations: int) -> tuple[int, ...]:
@@ -113,47 +102,6 @@ def _seed(request_seed: int, draw: int, rendered: Rendered) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
-def _read(engine: Engine, units: list[_Unit], seed: int, draws: range, hidden: bool = False, steps: int = 1) -> None:
-    """Read ``draws`` for every unit in one engine call (``steps`` denoise steps each) and append the scores
-    to each unit."""
-    requests: list[ReadRequest] = [
-        replace(u.rendered.with_seed(_seed(seed, d, u.rendered), hidden), steps=steps) for u in units for d in draws
-    ]
-    scores = engine.read(requests)
-    for index, unit in enumerate(units):
-        unit.scores += scores[index * len(draws) : (index + 1) * len(draws)]
-
-
-def _answers(units: list[_Unit]) -> list[Answer]:
-    """Every question's reads, from every unit that counts it, in option order; then the answers."""
-    reads: dict[str, list[Read]] = {}
-    questions: dict[str, Question] = {}
-    thoughts: dict[str, str | None] = {}
-    for unit in units:
-        for slot, (question, shift) in enumerate(zip(unit.questions, unit.shifts, strict=True)):
-            if shift is None:
-                continue
-            questions[question.id] = question
-            thoughts.setdefault(question.id, unit.thought)
-            reads.setdefault(question.id, []).extend(
-                Read(
-                    shift,
-                    to_option_order(s.logits[slot], shift),
-                    s.label_mass[slot],
-                    None if s.hidden is None else s.hidden[slot],
-                )
-                for s in unit.scores
-            )
-    answers = []
-    for qid, question_reads in reads.items():
-        logits = np.stack([read.logits for read in question_reads])
-        if not np.isfinite(logits).all():
-            raise EngineFault(f"the engine returned non-finite label logits for question {qid!r} (NaN or infinity)")
-        per_read = softmax(logits)
-        answers.append(Answer(questions[qid], aggregate_reads(per_read), tuple(question_reads), thought=thoughts[qid]))
-    return answers
-
-
 def _chunks(questions: tuple[Question, ...], decision: Decision, renderer: Renderer) -> list[tuple[Question, ...]]:
     """``questions`` split in order into the fewest joint canvases of at most ``chunk_rows`` tokens (a
     question too wide for the limit gets a canvas of its own)."""
@@ -189,14 +137,25 @@ def _groups(
     return [((q,), (q,)) for q in asked if q.alone] + chunks
 
 
-def _units(
+def place(decision: Decision, engine: Engine, renderer: Renderer) -> PlacedImages | None:
+    """The decision's images prepared by the engine's image reader (None without images); an engine
+    that reads text only is a ValueError (the pipeline refuses such requests first, naming the model)."""
+    if not decision.images:
+        return None
+    vision = vision_of(engine)
+    if vision is None:
+        raise ValueError("this engine reads text only; the decision has images")
+    return place_images(decision.state, decision.images, vision, renderer)
+
+
+def render_units(
     asked: tuple[Question, ...],
     decision: Decision,
     answers: dict[str, Answer | None],
     renderer: Renderer,
     limit: int,
     images: PlacedImages | None = None,
-) -> list[_Unit]:
+) -> list[Unit]:
     """The reads of one stage: per canvas (``_groups``) and assignment one read; with ``images``, the
     state marked where they sit and their ids spliced in."""
     state = decision.state if images is None else images.state
@@ -218,59 +177,51 @@ def _units(
                 rendered = images.splice(rendered)
             if rendered.tokens > limit:
                 raise PromptTooLong(rendered.tokens, limit)
-            units.append(_Unit(rendered, group, tuple(shifted[i] for i in read), []))
+            units.append(Unit(rendered, group, tuple(shifted[i] for i in read), []))
     return units
 
 
-def decide(
-    decision: Decision,
-    engine: Engine,
-    renderer: Renderer,
-    max_tokens: int | None = None,
-    adjust: Adjust | None = None,
-) -> DecisionResult:
-    """Answer every question of ``decision`` with ``engine``; ``adjust`` (calibration) turns each raw
-    answer into the one that later stages (``ask_if``, ``depends_on``) and the caller see.
-
-    Raises PromptTooLong before a stage reads anything if one of its reads exceeds ``max_tokens`` (or
-    the engine's own limit).
-    """
-    limit = min(engine.max_tokens, max_tokens or engine.max_tokens)
-    noisy = engine.noisy
-    draws = 1 if not noisy or decision.samples == "auto" else int(decision.samples)
-    answers: dict[str, Answer | None] = {q.id: None for q in decision.questions}
-    images = _placed(decision, engine, renderer)
-    input_tokens = output_tokens = 0
-    for stage in plan_stages(decision.questions):
-        asked = tuple(q for q in stage if is_asked(q, answers))
-        if not asked:
-            continue
-        units = _units(asked, decision, answers, renderer, limit, images)
-        if decision.think:
-            think(units, decision.think, decision.seed, engine, renderer, limit)
-        _read(engine, units, decision.seed, range(draws), decision.readout, decision.steps)
-        if decision.samples == "auto" and noisy:
-            uncertain = {a.question.id for a in _answers(units) if a.summary.entropy > decision.auto_threshold}
-            again = [u for u in units if any(q.id in uncertain for q in u.questions)]
-            if again and decision.auto_max > 1:
-                _read(engine, again, decision.seed, range(1, decision.auto_max), decision.readout, decision.steps)
-        for unit in units:
-            input_tokens += unit.rendered.tokens - unit.thought_tokens
-            output_tokens += len(unit.questions) * len(unit.scores) + unit.thought_tokens
-        for answer in _answers(units):
-            answers[answer.question.id] = adjust(answer) if adjust else answer
-    return DecisionResult(answers, input_tokens, output_tokens)
+def read_units(
+    engine: Engine, units: list[Unit], seed: int, draws: range, hidden: bool = False, steps: int = 1
+) -> None:
+    """Read ``draws`` for every unit in one engine call (``steps`` denoise steps each) and append the scores
+    to each unit."""
+    requests: list[ReadRequest] = [
+        replace(u.rendered.with_seed(_seed(seed, d, u.rendered), hidden), steps=steps) for u in units for d in draws
+    ]
+    scores = engine.read(requests)
+    for index, unit in enumerate(units):
+        unit.scores += scores[index * len(draws) : (index + 1) * len(draws)]
 
 
-def _placed(decision: Decision, engine: Engine, renderer: Renderer) -> PlacedImages | None:
-    """The decision's images prepared by the engine's image reader (None without images); an engine
-    that reads text only is a ValueError (the Decider refuses such requests first, naming the model)."""
-    if not decision.images:
-        return None
-    vision = vision_of(engine)
-    if vision is None:
-        raise ValueError("this engine reads text only; the decision has images")
-    return place_images(decision.state, decision.images, vision, renderer)
+def aggregate_units(units: list[Unit]) -> list[Answer]:
+    """Every question's reads, from every unit that counts it, in option order; then the answers."""
+    reads: dict[str, list[Read]] = {}
+    questions: dict[str, Question] = {}
+    thoughts: dict[str, str | None] = {}
+    for unit in units:
+        for slot, (question, shift) in enumerate(zip(unit.questions, unit.shifts, strict=True)):
+            if shift is None:
+                continue
+            questions[question.id] = question
+            thoughts.setdefault(question.id, unit.thought)
+            reads.setdefault(question.id, []).extend(
+                Read(
+                    shift,
+                    to_option_order(s.logits[slot], shift),
+                    s.label_mass[slot],
+                    None if s.hidden is None else s.hidden[slot],
+                )
+                for s in unit.scores
+            )
+    answers = []
+    for qid, question_reads in reads.items():
+        logits = np.stack([read.logits for read in question_reads])
+        if not np.isfinite(logits).all():
+            raise EngineFault(f"the engine returned non-finite label logits for question {qid!r} (NaN or infinity)")
+        per_read = softmax(logits)
+        answers.append(Answer(questions[qid], aggregate_reads(per_read), tuple(question_reads), thought=thoughts[qid]))
+    return answers
 
 
 def read_each(
@@ -278,16 +229,16 @@ def read_each(
 ) -> list[list[Answer]]:
     """The raw answers of many one-stage decisions (no ``depends_on`` or ``ask_if``, a number of
     samples), read in one engine call, so the engine batches them (``slotread fit`` reads its training
-    items so). Each decision's answers are those ``decide`` gives it without ``adjust``.
+    items so). Each decision's answers are the raw ones ``pipeline.read_stages`` gives it.
     """
-    limit = min(engine.max_tokens, max_tokens or engine.max_tokens)
-    units: list[list[_Unit]] = []
+    limit = token_limit(engine, max_tokens)
+    units: list[list[Unit]] = []
     requests: list[ReadRequest] = []
     for decision in decisions:
         if decision.samples == "auto" or any(q.prerequisites for q in decision.questions):
             raise ValueError("read_each reads one-stage decisions with a number of samples")
         draws = int(decision.samples) if engine.noisy else 1
-        units.append(_units(decision.questions, decision, {}, renderer, limit))
+        units.append(render_units(decision.questions, decision, {}, renderer, limit))
         requests += [
             u.rendered.with_seed(_seed(decision.seed, d, u.rendered), decision.readout)
             for u in units[-1]
@@ -298,4 +249,4 @@ def read_each(
         draws = int(decision.samples) if engine.noisy else 1
         for unit in decision_units:
             unit.scores += [next(scores) for _ in range(draws)]
-    return [_answers(decision_units) for decision_units in units]
+    return [aggregate_units(decision_units) for decision_units in units]
