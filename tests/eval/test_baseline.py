@@ -11,6 +11,7 @@ from slotread.errors import EvalError
 from slotread.eval.banks import bank_from_dataset
 from slotread.eval.baseline import evaluate_baseline, evaluate_knn, tfidf_predictor
 from slotread.eval.datasets import Item, load_dataset
+from tests.eval.banking77 import write_banking77
 
 TRAIN = [
     ("where is my new card", "card_arrival"),
@@ -23,15 +24,13 @@ TRAIN = [
 
 
 def write_set(root: Path) -> None:
-    folder = root / "banking77"
-    folder.mkdir()
     # pin_blocked never occurs in train: the baseline gives it probability 0
-    (folder / "categories.json").write_text(json.dumps(["card_arrival", "request_refund", "pin_blocked"]))
-    rows = "".join(f"{text},{label}\n" for text, label in TRAIN)
-    (folder / "train.csv").write_text("text,category\n" + rows)
-    (folder / "test.csv").write_text(
-        "text,category\nmy card has still not arrived,card_arrival\ni want a refund,request_refund\nmy pin is blocked,pin_blocked\n"
-    )
+    test = [
+        ("my card has still not arrived", "card_arrival"),
+        ("i want a refund", "request_refund"),
+        ("my pin is blocked", "pin_blocked"),
+    ]
+    write_banking77(root, ["card_arrival", "request_refund", "pin_blocked"], {"train": TRAIN, "test": test})
 
 
 def test_the_baseline_learns_the_train_split(tmp_path: Path) -> None:

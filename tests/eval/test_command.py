@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from slotread.cli import main
+from tests.eval.banking77 import write_banking77
 
 CATEGORIES = ["card_arrival", "request_refund", "lost_or_stolen_card"]
 MESSAGES = [
@@ -21,13 +22,7 @@ MESSAGES = [
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "data" / "banking77"
-    folder.mkdir(parents=True)
-    (folder / "categories.json").write_text(json.dumps(CATEGORIES))
-    rows = "".join(f"{text},{label}\n" for text, label in MESSAGES)
-    (folder / "test.csv").write_text("text,category\n" + rows)
-    (folder / "train.csv").write_text("text,category\n" + rows)
-    return tmp_path / "data"
+    return write_banking77(tmp_path / "data", CATEGORIES, {"test": MESSAGES, "train": MESSAGES})
 
 
 def rows(out: Path) -> list[str]:

@@ -17,6 +17,7 @@ from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
 from slotread.quality.examples.bank import ExampleBank
 from slotread.settings import EvalSettings
+from tests.eval.banking77 import write_banking77
 
 CATEGORIES = ["card_arrival", "request_refund", "lost_or_stolen_card"]
 TRAIN = [
@@ -38,12 +39,7 @@ TEST = [
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "data" / "banking77"
-    folder.mkdir(parents=True)
-    (folder / "categories.json").write_text(json.dumps(CATEGORIES))
-    for split, rows in (("train", TRAIN), ("test", TEST)):
-        (folder / f"{split}.csv").write_text("text,category\n" + "".join(f"{t},{label}\n" for t, label in rows))
-    return tmp_path / "data"
+    return write_banking77(tmp_path / "data", CATEGORIES, {"train": TRAIN, "test": TEST})
 
 
 def vote(cache_dir: Path, data_dir: Path, out: Path, *flags: str) -> int:
