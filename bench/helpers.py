@@ -142,12 +142,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """A ``slotread`` subcommand as its own process (in its own session, so it can be stopped whole)."""
+def start(
+    command: list[str], log: Path, env: dict[str, str] | None = None, profile: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``slotread`` subcommand as its own process (in its own session, so it can be stopped whole);
+    ``profile``: run it under ``stack_profile.py``'s sampler, which writes its snapshots there."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    sampler = [str(Path(__file__).with_name("stack_profile.py")), str(profile)] if profile else []
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "slotread.cli", *command],
+            [sys.executable, *sampler, "-m", "slotread.cli", *command],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

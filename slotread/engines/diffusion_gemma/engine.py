@@ -140,6 +140,7 @@ class DiffusionGemmaEngine:
         )
         self._prompt_tokens = 0  # prompt tokens encoded (``counters``)
         self._canvas_tokens = 0  # canvas tokens decoded
+        self._forwards = {"encode": 0, "joint": 0, "decode": 0}  # forwards run, by kind (``counters``)
         logger.info(
             "diffusion_gemma engine: %s, max_tokens=%d, max_canvases=%d, prefix cache %d MiB, %s",
             model.dtype,
@@ -159,7 +160,13 @@ class DiffusionGemmaEngine:
         """One ``SlotScores`` per request, in order (the recipe is in the module docstring)."""
         for index, request in enumerate(requests):
             self._check(index, request)
-        scores: dict[int, SlotScores] = {}
+        if not requests:
+            return []
+        # every forward is queued before any slot is scored: scoring copies to the host, which waits
+        # for the GPU, so scoring a forward before launching the next one left the GPU idle meanwhile
+        order: list[int] = []
+        slot_logits: list[torch.Tensor] = []  # (S, V) per forward
+        slot_hidden: list[torch.Tensor] = []  # (S, H) per forward
         with torch.inference_mode(), invariant.batch_invariant(self.invariant), taking(self.fast):
             boundaries, deferred = self._encode_all(requests)
             joint = [index for index, request in enumerate(requests) if request.prompt_ids in deferred]
@@ -169,9 +176,10 @@ class DiffusionGemmaEngine:
             for chunk in chunks:
                 parts = [chunk] if self._graphs is None else read_plan.by_parent(chunk, requests, deferred, boundaries)
                 for part in parts:
-                    batch = [requests[i] for i in part]
-                    logits, hidden = self._joint_slot_logits(batch, deferred, boundaries)
-                    scores.update(zip(part, self._scored(batch, logits, hidden), strict=True))
+                    logits, hidden = self._joint_slot_logits([requests[i] for i in part], deferred, boundaries)
+                    order += part
+                    slot_logits.append(logits)
+                    slot_hidden.append(hidden)
             rest = [index for index, request in enumerate(requests) if request.prompt_ids not in deferred]
             window = self._shape.window
             reads = {
@@ -180,8 +188,13 @@ class DiffusionGemmaEngine:
             }
             for chunk in read_plan.decoder_chunks(rest, requests, reads, self.max_canvases):
                 batch = [requests[i] for i in chunk]
-                logits, hidden = self._slot_logits(batch, [reads[i] for i in chunk])  # (S, V), (S, H)
-                scores.update(zip(chunk, self._scored(batch, logits, hidden), strict=True))
+                logits, hidden = self._slot_logits(batch, [reads[i] for i in chunk])
+                order += chunk
+                slot_logits.append(logits)
+                slot_hidden.append(hidden)
+            batch = [requests[i] for i in order]
+            scored = self._scored(batch, torch.cat(slot_logits), torch.cat(slot_hidden))
+        scores = dict(zip(order, scored, strict=True))
         return [scores[index] for index in range(len(requests))]
 
     def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
@@ -191,13 +204,15 @@ class DiffusionGemmaEngine:
 
     def counters(self) -> dict[str, int]:
         """Running totals: prefix cache hits and misses, prompt and canvas tokens computed (padding not
-        counted), CUDA graphs captured and replayed."""
+        counted), forwards run by kind (prompt segments encoded alone, joint encode-and-read, reads of
+        cached prompts; a graph replay counts as a forward), CUDA graphs captured and replayed."""
         graphs = self._graphs
         return {
             "prefix_cache_hits": self.prefix_cache.hits,
             "prefix_cache_misses": self.prefix_cache.misses,
             "prompt_tokens": self._prompt_tokens,
             "canvas_tokens": self._canvas_tokens,
+            **{f"{kind}_forwards": count for kind, count in self._forwards.items()},
             "graph_captures": graphs.captures if graphs else 0,
             "graph_replays": graphs.replays if graphs else 0,
             "vision_runs": self.vision.runs if self.vision else 0,
@@ -241,6 +256,7 @@ class DiffusionGemmaEngine:
         starts = [rows[prefix][0] for prefix in group]
         parents = [rows[prefix][1] for prefix in group]
         new = self._new_tokens(group, starts, parents, features)
+        self._forwards["encode"] += 1
         layers = encode(self._encoder, self._layer_types, self._shape.window, new)
         lengths = [len(p) - s for p, s in zip(group, starts, strict=True)]
         return assemble.kv_entries(parents, layers, lengths, self._shape)
@@ -268,6 +284,7 @@ class DiffusionGemmaEngine:
             bucket(len(prompts)) * length_bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
         )
         joint = None
+        self._forwards["joint"] += 1
         if self._graphs is not None and len(new.parents) == 1 and tokens <= GRAPH_TOKENS:
             joint = self._graphs.encode_decode(new, canvases, own_rows, masks)
         if joint is None:
@@ -284,6 +301,7 @@ class DiffusionGemmaEngine:
         final hidden states (S, H) they come from (after the final norm, on the eager and graph paths alike)."""
         canvases = self._canvases(batch, [read.length for read in reads], [(read.shared, read.skip) for read in reads])
         own = assemble.own_prompts(reads, self._shape)
+        self._forwards["decode"] += 1
         hidden = None  # (B, C, H)
         if batch[0].steps > 1:
             steps = batch[0].steps
