@@ -12,10 +12,10 @@ its ``retry-after-ms``, as the official SDK does), first for ``--warmup`` second
 ``--seconds``. Around the timed phase the client reads the server's ``/metrics``: the engine's prefix
 cache hits and misses, prompt and canvas tokens computed, CUDA graph captures, and the process's CPU
 time, each per decision; behind a gateway also the replicas' CPU time (``/proc/PID/stat``; they run
-on this host). ``--profile`` runs the server (and replicas) under ``bench/stack_profile.py``, which
-charges each thread's CPU to its stack, and prints where it went in each timed phase. ``--engine-only``
-then loads the model in this process and times ``Engine.read`` alone on the reads the Decider renders
-for the same requests (a diagnostic).
+on this host). ``--profile`` samples the server's (and replicas') stacks with py-spy through each timed
+phase, busy threads and the GIL's holder, and prints where they were (``bench/stack_profile.py``).
+``--engine-only`` then loads the model in this process and times ``Engine.read`` alone on the reads the
+Decider renders for the same requests (a diagnostic).
 
 Workloads (text is random common words; a word is about 1.3 tokens):
 * ``w1``: a shared 1,500-token request-wide ``instructions``, a fresh 100-token state, a yes/no, a
@@ -346,16 +346,20 @@ def client_main(args: argparse.Namespace) -> None:
     """Warm up, then a timed phase between two scrapes; prints one JSON line."""
     asyncio.run(drive(args.url, args.workload, args.concurrency, args.warmup, seed=1))
     before, replicas_before = scrape(args.url), cpu_seconds(args.replica_pids)
-    profiles = {name: stack_profile.load(Path(path)) for name, path in args.profiles.items()}
-    started = time.monotonic()
+    # py-spy through the timed phase, a second short of it (it attaches while the workers start)
+    spies = {}
+    for name, pid in args.profile.items():
+        for gil in (False, True):
+            path = args.profile_to.with_name(f"{args.profile_to.name}-{name}{'-gil' if gil else ''}.txt")
+            spies[path] = stack_profile.record(int(pid), args.seconds - 1, path, gil)
     result = asyncio.run(drive(args.url, args.workload, args.concurrency, args.seconds, seed=2))
-    elapsed = time.monotonic() - started
     after = scrape(args.url)
-    # the samplers' snapshots are rewritten once a second: each side of the window is up to a second old
-    result["profiles"] = {
-        name: stack_profile.summary(stack_profile.load(Path(args.profiles[name])), snapshot, elapsed)
-        for name, snapshot in profiles.items()
-    }
+    result["profiles"] = []
+    for path, spy in spies.items():
+        spy.wait()
+        text = stack_profile.summary(path, args.seconds - 1)
+        path.with_suffix(".md").write_text(text + "\n")
+        result["profiles"].append(text)
     result["counters"] = {name: after[name] - before.get(name, 0.0) for name in after}
     if args.replica_pids:
         result["counters"]["replica_cpu_seconds"] = cpu_seconds(args.replica_pids) - replicas_before
@@ -392,19 +396,19 @@ HEADER = (
 )
 
 
+def profiled(
+    args: argparse.Namespace, topology: str, server: subprocess.Popen[bytes], replicas: list[subprocess.Popen[bytes]]
+) -> str:
+    """The processes ``--profile`` samples, as the client's ``--profile`` takes them (NAME=PID,...)."""
+    named = [(topology, server), *((f"engine-{index}", replica) for index, replica in enumerate(replicas))]
+    return ",".join(f"{name}={process.pid}" for name, process in named) if args.profile else ""
+
+
 def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     processes = []
     replicas: list[subprocess.Popen[bytes]] = []  # the gateway's engines
-    profiles: dict[str, Path] = {}  # with --profile: each process's sampler snapshots
-
-    def profiled(name: str) -> Path | None:
-        if not args.profile:
-            return None
-        profiles[name] = out / f"{name}.stacks.txt"
-        return profiles[name]
-
     common = ["--model", args.model]
     try:
         if topology == "gateway":
@@ -418,7 +422,6 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                     ["engine", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(engine_port)],
                     engine_log,
                     env,
-                    profiled(f"engine-{replica}"),
                 )
                 processes.append(engine)
                 replicas.append(engine)
@@ -428,7 +431,7 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
         else:
             command = ["serve", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(port)]
         log = out / f"{topology}.log"
-        server = start(command, log, profile=profiled(topology))
+        server = start(command, log)
         processes.append(server)
         started = time.monotonic()
         wait_ready(url, server, log)
@@ -460,8 +463,10 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                         str(args.warmup),
                         "--replica-pids",
                         ",".join(str(replica.pid) for replica in replicas),
-                        "--profiles",
-                        ",".join(f"{name}={path}" for name, path in profiles.items()),
+                        "--profile",
+                        profiled(args, topology, server, replicas),
+                        "--profile-to",
+                        str(out / f"{topology}-{workload}-c{concurrency}"),
                     ],
                     capture_output=True,
                     text=True,
@@ -470,9 +475,8 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                 result = json.loads(client.stdout.strip().splitlines()[-1])
                 (out / f"{topology}-{workload}-c{concurrency}.json").write_text(json.dumps(result))
                 rows.append(row(topology, workload, concurrency, result, args))
-                for name, text in result.get("profiles", {}).items():
-                    (out / f"{topology}-{workload}-c{concurrency}-{name}-profile.md").write_text(text + "\n")
-                    print(f"{name}, {workload} c={concurrency}: {text}", file=sys.stderr, flush=True)
+                for text in result.get("profiles", []):
+                    print(text, file=sys.stderr, flush=True)
                 if args.kill_replica_after is not None and topology == "gateway":
                     print(
                         f"{topology} {workload} c={concurrency} decisions per second: {result['per_second']}",
@@ -559,7 +563,8 @@ def main() -> None:
         parser.add_argument("--seconds", type=float, required=True)
         parser.add_argument("--warmup", type=float, required=True)
         parser.add_argument("--replica-pids", default="", type=lambda s: [int(pid) for pid in s.split(",") if pid])
-        parser.add_argument("--profiles", default="", type=lambda s: dict(p.split("=", 1) for p in s.split(",") if p))
+        parser.add_argument("--profile", default="", type=lambda s: dict(p.split("=", 1) for p in s.split(",") if p))
+        parser.add_argument("--profile-to", type=Path)
         client_main(parser.parse_args())
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -581,7 +586,7 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="run the server (and replicas) under bench/stack_profile.py: CPU by stack in each timed phase",
+        help="py-spy on the server (and replicas) in each timed phase (needs py-spy)",
     )
     parser.add_argument("--engine-only", action="store_true", help="then time Engine.read alone on the same reads")
     parser.add_argument("--engine-batches", type=int, default=5, help="timed batches per engine-only row")

@@ -316,3 +316,39 @@ def test_deterministic_reads_are_bit_identical(bfloat16_model: DiffusionGemmaFor
             f"bf16, {strict.mode}: {name}: bit-identical {identical[name]} (max |Δ logit| {largest_difference(a, b):.3g})"
         )
     assert all(identical.values()), identical
+
+
+def test_an_engine_call_waits_for_the_gpu_only_to_score(
+    bfloat16_model: DiffusionGemmaForBlockDiffusion, generator
+) -> None:
+    """A call of several forwards (isolated questions: one joint forward per question's cached prompt)
+    queues them all before it copies any result to the host: a host sync between two forwards leaves
+    the GPU idle while the host prepares the next one. Every synchronising call (torch's sync debug
+    mode) must come from the scoring at the end (``engines/scores.py``)."""
+    engine = DiffusionGemmaEngine(bfloat16_model)
+    canvas_read = reader(generator)
+    instructions = ids(generator, 1500)
+    questions = [ids(generator, n) for n in (20, 41, 60)]
+    for question in questions:  # each question's prompt cached after the instructions
+        engine.read([canvas_read((instructions, question), 16, 0)])
+
+    def decisions(count: int) -> list[ReadRequest]:
+        states = [ids(generator, 100) for _ in range(count)]
+        return [canvas_read((instructions, q, s), 16, k) for s in states for k, q in enumerate(questions)]
+
+    engine.read(decisions(4))
+    engine.read(decisions(4))  # the joint graphs captured on their second use
+    calls = decisions(4)
+    before = engine.counters()
+    torch.cuda.synchronize()
+    with pytest.warns(UserWarning) as caught:
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine.read(calls)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    forwards, replays = (engine.counters()[key] - before[key] for key in ("joint_forwards", "graph_replays"))
+    syncs = [f"{w.filename.split('slotread/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    print(f"host syncs in one call of {forwards} joint forwards ({replays} replayed): {syncs}")
+    assert (forwards, replays) == (3, 3)
+    assert syncs and all(place.startswith("engines/scores.py") for place in syncs), syncs

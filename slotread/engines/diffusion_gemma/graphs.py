@@ -237,7 +237,7 @@ def _pad_states(states: torch.Tensor, rows: int, canvases: int) -> torch.Tensor:
     """``JointMasks.states`` for ``rows`` new-token rows and ``canvases`` canvas rows: padded rows
     have no canvases but the last row's run takes the padded canvases (their outputs are dropped)."""
     padded = torch.cat([states, states[-1:].expand(rows + 1 - states.shape[0])])
-    padded[-1] = canvases
+    padded[-1:].fill_(canvases)  # not ``padded[-1] = canvases``: a copy from a host scalar waits for the GPU
     return padded
 
 
