@@ -336,9 +336,11 @@ def test_an_engine_call_waits_for_the_gpu_only_to_score(
         states = [ids(generator, 100) for _ in range(count)]
         return [canvas_read((instructions, q, s), 16, k) for s in states for k, q in enumerate(questions)]
 
-    engine.read(decisions(4))
-    engine.read(decisions(4))  # the joint graphs captured on their second use
-    calls = decisions(4)
+    # 12 decisions: re-encoding the questions for all of them would cost more than the two forwards
+    # merging their parents saves (``kv_schedule.merged_parents``), so the call keeps three
+    engine.read(decisions(12))
+    engine.read(decisions(12))  # the joint graphs captured on their second use
+    calls = decisions(12)
     before = engine.counters()
     torch.cuda.synchronize()
     with pytest.warns(UserWarning) as caught:
@@ -352,3 +354,34 @@ def test_an_engine_call_waits_for_the_gpu_only_to_score(
     print(f"host syncs in one call of {forwards} joint forwards ({replays} replayed): {syncs}")
     assert (forwards, replays) == (3, 3)
     assert syncs and all(place.startswith("engines/scores.py") for place in syncs), syncs
+
+
+def test_one_decisions_isolated_questions_take_one_graphed_forward(
+    bfloat16_model: DiffusionGemmaForBlockDiffusion, generator
+) -> None:
+    """Three isolated questions of one decision continue three cached prompts (the instructions, then
+    each question); where graphs run they are read from the instructions in one joint forward, the
+    questions re-encoded, and read as the eager engine reads them from their own prompts."""
+    engine = DiffusionGemmaEngine(bfloat16_model)
+    canvas_read = reader(generator)
+    instructions = ids(generator, 1500)
+    questions = [ids(generator, n) for n in (20, 41, 60)]
+    for question in questions:
+        engine.read([canvas_read((instructions, question), 16, 0)])
+
+    def decision() -> list[ReadRequest]:
+        state = ids(generator, 100)
+        return [canvas_read((instructions, q, state), 16, k) for k, q in enumerate(questions)]
+
+    engine.read(decision())
+    engine.read(decision())  # captured on its second use
+    reads = decision()
+    before = engine.counters()["joint_forwards"]
+    graphed = replayed(engine, reads)
+    assert engine.counters()["joint_forwards"] - before == 1
+    eager = DiffusionGemmaEngine(bfloat16_model, fast=FastPaths(cuda_graphs=False))
+    for question in questions:
+        eager.read([canvas_read((instructions, question), 16, 0)])
+    delta = largest_difference(eager.read(reads), graphed)
+    print(f"bf16: one decision's 3 questions in one graphed forward vs 3 eager parents: max |Δ logit| {delta:.3g}")
+    assert delta <= 0.1

@@ -73,6 +73,12 @@ DEFAULT_CACHE_BYTES = 2**30
 #: over the eager joint forward: larger forwards are bound by the GPU.
 GRAPH_TOKENS = 8192
 
+#: What a joint forward's fixed cost is worth in new tokens on an H200 (26B-A4B shape), for
+#: ``kv_schedule.merged_parents``: W1's three isolated questions at concurrency 1 took three graph
+#: replays of ~20 ms each (87 ms a decision, two thirds of it waiting on the GPU), where a token of a
+#: large forward costs ~25 us (~300 TFLOP/s at 7.6 GFLOP a token): 512 is on the cautious side.
+MERGE_FORWARD_TOKENS = 512
+
 Ids = tuple[int, ...]
 
 
@@ -233,6 +239,8 @@ class DiffusionGemmaEngine:
         deferred = kv_schedule.deferrable(requests, found, todo, self.max_canvases) if self.fast.joint_encode else {}
         for ends in (todo[ids] for ids in deferred):
             ends.pop()
+        if self._graphs is not None and deferred:
+            deferred = kv_schedule.merged_parents(requests, deferred, found, self.prefix_cache, MERGE_FORWARD_TOKENS)
         images = [image for request in requests for image in request.images]
         features = self.vision.features(images) if images and self.vision is not None else {}
 
