@@ -382,6 +382,13 @@ def test_one_decisions_isolated_questions_take_one_graphed_forward(
     eager = DiffusionGemmaEngine(bfloat16_model, fast=FastPaths(cuda_graphs=False))
     for question in questions:
         eager.read([canvas_read((instructions, question), 16, 0)])
-    delta = largest_difference(eager.read(reads), graphed)
-    print(f"bf16: one decision's 3 questions in one graphed forward vs 3 eager parents: max |Δ logit| {delta:.3g}")
-    assert delta <= 0.1
+    reference = eager.read(reads)
+    delta = largest_difference(reference, graphed)
+    scale = max(float(np.abs(x).max()) for x in logits_of(reference))
+    print(
+        "bf16: one decision's 3 questions in one graphed forward vs 3 eager parents:"
+        f" max |Δ logit| {delta:.3g} on logits up to {scale:.1f}"
+    )
+    # the questions' KV recomputed in bfloat16 rounds apart from the cached one; a wrong parent or
+    # mask moves a read by about the logits' scale
+    assert delta <= max(0.1, 0.05 * scale)
