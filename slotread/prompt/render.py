@@ -286,20 +286,20 @@ class Renderer:
         joins = [self._joins(left[-_JOIN_CHARS:], right[:_JOIN_CHARS]) for left, right in itertools.pairwise(pieces)]
         outer = set(cuts)
         if all(joined for cut, joined in zip(bounds[1:-1], joins, strict=True) if cut in outer):
-            segments: list[tuple[int, ...]] = []
-            ids: list[int] = []
+            segments: list[list[tuple[int, ...]]] = [[]]  # each segment's pieces' ids
             run = pieces[0]
             for cut, joined, piece in zip(bounds[1:-1], joins, pieces[1:], strict=True):
                 if not joined:  # an inner cut a token straddles: tokenised with what follows it
                     run += piece
                     continue
-                ids += self._piece(run)
+                segments[-1].append(self._piece(run))
                 run = piece
                 if cut in outer:
-                    segments.append(tuple(ids))
-                    ids = []
-            segments.append((*ids, *self._piece(run)))
-            return tuple(ids for ids in segments if ids)
+                    segments.append([])
+            segments[-1].append(self._piece(run))
+            # a segment of one piece is the kept tuple itself
+            whole = (parts[0] if len(parts) == 1 else tuple(itertools.chain.from_iterable(parts)) for parts in segments)
+            return tuple(ids for ids in whole if ids)
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         whole: list[int] = encoding["input_ids"]
         offsets: list[tuple[int, int]] = encoding["offset_mapping"]
