@@ -28,13 +28,15 @@ from slotread.engines.thought import Thinker, ThoughtRequest
 
 @dataclass(eq=False)
 class _Job:
-    """One caller's reads or thoughts and, once run, their results or the exception."""
+    """One caller's reads or thoughts and, once run, their results or the exception. ``ready`` is set
+    when they are finished, or when the caller is to run the next batch itself."""
 
     thinks: bool
     requests: list[Any]
     results: list[Any] | None = None
     error: BaseException | None = None
     finished: bool = field(default=False)
+    ready: threading.Event = field(default_factory=threading.Event)
 
 
 class BatchingEngine:
@@ -54,12 +56,12 @@ class BatchingEngine:
         self.thinks = isinstance(engine, Thinker)
         self._pending: list[_Job] = []
         self._busy = False
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
 
     @property
     def pending(self) -> int:
         """Reads and thoughts waiting for the engine to be free."""
-        with self._changed:
+        with self._lock:
             return sum(len(job.requests) for job in self._pending)
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
@@ -75,32 +77,44 @@ class BatchingEngine:
         return thoughts
 
     def _submit(self, job: _Job) -> list[Any]:
-        batch: list[_Job] = []
-        with self._changed:
+        with self._lock:
             self._pending.append(job)
-            while self._busy and not job.finished:
-                self._changed.wait()
-            if not job.finished:
-                # The engine is free and this job is still queued: run everything queued, this job included.
-                batch, self._pending = self._pending, []
-                self._busy = True
-        if batch:
-            try:
-                reads = [job for job in batch if not job.thinks]
-                if reads:
-                    self._run(reads)
-                thoughts = [job for job in batch if job.thinks]
-                for group in [[job] for job in thoughts] if self.deterministic else [thoughts]:
-                    if group:
-                        self._run(group)
-            finally:
-                with self._changed:
-                    self._busy = False
-                    self._changed.notify_all()
+            leads = not self._busy
+            self._busy = True
+        if not leads:
+            # Woken once: the job is finished, or the engine is free and this job is the first queued.
+            job.ready.wait()
+        if not job.finished:
+            self._lead()
         if job.error is not None:
             raise job.error
         assert job.results is not None
         return job.results
+
+    def _lead(self) -> None:
+        """Run everything queued (the caller's job included) in one batch, then wake its callers and hand
+        the engine to the first job queued meanwhile. Waking only those (not every waiting thread after
+        every engine call) keeps tens of decision threads from contending for the GIL with the engine's."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+        try:
+            reads = [job for job in batch if not job.thinks]
+            if reads:
+                self._run(reads)
+            thoughts = [job for job in batch if job.thinks]
+            for group in [[job] for job in thoughts] if self.deterministic else [thoughts]:
+                if group:
+                    self._run(group)
+        finally:
+            with self._lock:
+                successor = self._pending[0] if self._pending else None
+                self._busy = successor is not None
+            for job in batch:
+                if not job.finished:  # the batch was interrupted (a BaseException): its callers must not wait
+                    job.error, job.finished = RuntimeError("the engine call was interrupted"), True
+                job.ready.set()
+            if successor is not None:
+                successor.ready.set()
 
     def _run(self, batch: list[_Job]) -> None:
         """Run ``batch`` (all reads or all thoughts) in one engine call; if it raises, each job alone."""
