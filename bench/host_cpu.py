@@ -15,10 +15,11 @@ prints, per workload, the non-engine and engine CPU ms per decision (mean over `
 through the real app instead (``create_app``, uvicorn on 127.0.0.1 in a thread of this process, C
 decisions at once) and drives it with ``serve_load.py``'s client in a separate process, C workers,
 for ``--warmup`` then ``--seconds`` seconds: the process's CPU time over the timed phase (every
-thread: the event loop, the decision threads, the engine's) less the engine's, per decision. ``--record FILE`` writes every response
-(JSON, one a line) so that two versions of the code can be checked to answer alike on the same
-requests; ``--profile N`` prints cProfile's top N functions by own time over the timed decisions, the
-engine's calls left out.
+thread: the event loop, the decision threads, the engine's) less the engine's, per decision.
+``--record FILE`` writes every response (JSON, one a line) so that two versions of the code can be
+checked to answer alike on the same requests; ``--profile N`` prints cProfile's top N functions by
+own time over the timed decisions, the engine's calls left out (in process only). The CPU time of a
+decision moves with the machine's load: compare versions in alternating runs.
 The requests are ``serve_load.py``'s workloads, drawn from a fixed seed.
 """
 
@@ -38,8 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import httpx
+import torch
 import uvicorn
 from fastapi.responses import JSONResponse
 from helpers import free_port
@@ -225,6 +226,7 @@ def main() -> None:
                 + (f"; by thread (engine included) {result['thread_ms']}" if "thread_ms" in result else ""),
                 flush=True,
             )
+
 
 if __name__ == "__main__":
     main()

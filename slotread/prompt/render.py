@@ -298,8 +298,8 @@ class Renderer:
                     segments.append([])
             segments[-1].append(self._piece(run))
             # a segment of one piece is the kept tuple itself
-            whole = (parts[0] if len(parts) == 1 else tuple(itertools.chain.from_iterable(parts)) for parts in segments)
-            return tuple(ids for ids in whole if ids)
+            ids = (parts[0] if len(parts) == 1 else tuple(itertools.chain.from_iterable(parts)) for parts in segments)
+            return tuple(segment for segment in ids if segment)
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         whole: list[int] = encoding["input_ids"]
         offsets: list[tuple[int, int]] = encoding["offset_mapping"]

@@ -10,7 +10,6 @@ from slotread.serve.auth import authenticate
 from slotread.serve.body import read_json
 from slotread.serve.service import DecisionService
 
-
 # The dependencies are coroutines although they never wait: FastAPI runs a plain function's dependency
 # in its thread pool, two thread hand-offs per request on the event loop's thread.
 

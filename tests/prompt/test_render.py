@@ -9,6 +9,7 @@ from slotread.prompt.render import (
     Layout,
     OptionText,
     QuestionText,
+    Rendered,
     Renderer,
     SolvedExample,
 )
@@ -292,20 +293,23 @@ def test_a_state_tokenised_apart_from_each_questions_text_gives_the_whole_texts_
         reference = Renderer(fast.tokenizer, fast.family, "schema_first")
         reference._joins = lambda left, right: False  # type: ignore[method-assign]  # always the whole text
         renderer = Renderer(fast.tokenizer, fast.family, "schema_first")
-        question = choice(renderer, ["refund", "card_lost"])
-        earlier = (EarlierAnswer(noul(renderer, "Is it urgent?"), "Yes"),)
-        examples = (SolvedExample("an earlier message\n", "refund"), SolvedExample("another", "card_lost"))
         for each in (renderer, reference):
-            each.render_branch(question, "warm the pieces up", "Be brief.")
-        renders = [
-            lambda r: r.render_branch(question, state, "Be brief."),
-            lambda r: r.render_branch(question, state, None, earlier),
-            lambda r: r.render_branch(question, state, "Be brief.", (), examples),
-        ]
-        if renderer.joint:
-            renders.append(lambda r: r.render_joint((question, noul(r, "Is it urgent?")), state, "Be brief.", earlier))
-        for render in renders:
-            assert render(renderer) == render(reference)
+            each.render_branch(choice(each, ["refund", "card_lost"]), "warm the pieces up", "Be brief.")
+        assert _schema_first_reads(renderer, state) == _schema_first_reads(reference, state)
+
+
+def _schema_first_reads(renderer: Renderer, state: str) -> list[Rendered]:
+    question = choice(renderer, ["refund", "card_lost"])
+    earlier = (EarlierAnswer(noul(renderer, "Is it urgent?"), "Yes"),)
+    examples = (SolvedExample("an earlier message\n", "refund"), SolvedExample("another", "card_lost"))
+    reads = [
+        renderer.render_branch(question, state, "Be brief."),
+        renderer.render_branch(question, state, None, earlier),
+        renderer.render_branch(question, state, "Be brief.", (), examples),
+    ]
+    if renderer.joint:
+        reads.append(renderer.render_joint((question, noul(renderer, "Is it urgent?")), state, "Be brief.", earlier))
+    return reads
 
 
 def test_a_decision_tokenises_its_state_once(diffusion: Renderer) -> None:

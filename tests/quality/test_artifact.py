@@ -41,6 +41,7 @@ def test_the_schema_hash_is_sha256_of_the_schemas_sorted_compact_json() -> None:
     assert schema_hash(QUESTION, "Be brief. é") == expected
     assert schema_hash(replace(QUESTION, id="again"), "Be brief. é") == expected  # remembered
 
+
 def artifact() -> Calibration:
     return Calibration(
         model="m",
