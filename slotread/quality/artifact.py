@@ -14,6 +14,7 @@ and a directory of them is read one way (``load_directory``) by both stores.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -35,11 +36,21 @@ def schema_hash(question: Question, instructions: str | None) -> str:
     """sha256 of what a prompt shows of a question besides the state: its type, instructions and options
     (names and descriptions, in order), and the request-wide instructions. Ids and earlier answers are
     not part of it."""
+    options = tuple((o.name, o.description) for o in question.options)
+    return _schema_hash(question.kind, question.instructions, options, instructions)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_hash(
+    kind: str, instructions: str | None, options: tuple[tuple[str, str | None], ...], request_instructions: str | None
+) -> str:
+    # kept: every decision hashes its schemas, and most requests repeat them (JSON of 1,500 tokens of
+    # instructions and sha256 of it cost ~0.1 ms a question)
     payload = {
-        "type": question.kind,
-        "instructions": question.instructions,
-        "options": [[o.name, o.description] for o in question.options],
-        "request_instructions": instructions,
+        "type": kind,
+        "instructions": instructions,
+        "options": [list(option) for option in options],
+        "request_instructions": request_instructions,
     }
     text = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -10,8 +10,11 @@ from slotread.serve.auth import authenticate
 from slotread.serve.body import read_json
 from slotread.serve.service import DecisionService
 
+# The dependencies are coroutines although they never wait: FastAPI runs a plain function's dependency
+# in its thread pool, two thread hand-offs per request on the event loop's thread.
 
-def _service(request: Request) -> DecisionService:
+
+async def _service(request: Request) -> DecisionService:
     service = request.app.state.service
     if not isinstance(service, DecisionService):
         raise TypeError("the app was not built by create_app")
@@ -21,7 +24,7 @@ def _service(request: Request) -> DecisionService:
 ServiceDep = Annotated[DecisionService, Depends(_service)]
 
 
-def _authorize(request: Request, service: ServiceDep) -> None:
+async def _authorize(request: Request, service: ServiceDep) -> None:
     authenticate(service.api_keys, request.headers)
 
 

@@ -9,6 +9,7 @@ from slotread.prompt.render import (
     Layout,
     OptionText,
     QuestionText,
+    Rendered,
     Renderer,
     SolvedExample,
 )
@@ -266,3 +267,58 @@ def test_a_swapped_noul_example_answers_in_the_swapped_words(causal: Renderer) -
     read = causal.render_branch(swapped, "STATE", examples=(SolvedExample("send it now", "yes"),))
     text = causal.tokenizer.decode([t for segment in read.prompt for t in segment])
     assert "Input:\nsend it now\nAnswer: No\n" in text
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        "plain state.",
+        "ends with a newline\n",
+        "ends with spaces   ",
+        "ends with a blank line\n\n",
+        "\n\nopens with blank lines",
+        " opens with a space",
+        "Input:\nlooks like the label",
+        "tabs\tand emoji 🙂 한국어",
+        "x",
+    ],
+)
+def test_a_state_tokenised_apart_from_each_questions_text_gives_the_whole_texts_ids(
+    causal: Renderer, diffusion: Renderer, chat_masked: Renderer, state: str
+) -> None:
+    """Schema first, the state is a piece of its own inside the last segment (so a decision tokenises it
+    once); the reads equal those of the reference renderer, which tokenises every prompt whole and splits
+    it at the segment cuts, for branches, joint canvases, earlier answers and solved examples."""
+    for fast in (causal, diffusion, chat_masked):
+        reference = Renderer(fast.tokenizer, fast.family, "schema_first")
+        reference._joins = lambda left, right: False  # type: ignore[method-assign]  # always the whole text
+        renderer = Renderer(fast.tokenizer, fast.family, "schema_first")
+        for each in (renderer, reference):
+            each.render_branch(choice(each, ["refund", "card_lost"]), "warm the pieces up", "Be brief.")
+        assert _schema_first_reads(renderer, state) == _schema_first_reads(reference, state)
+
+
+def _schema_first_reads(renderer: Renderer, state: str) -> list[Rendered]:
+    question = choice(renderer, ["refund", "card_lost"])
+    earlier = (EarlierAnswer(noul(renderer, "Is it urgent?"), "Yes"),)
+    examples = (SolvedExample("an earlier message\n", "refund"), SolvedExample("another", "card_lost"))
+    reads = [
+        renderer.render_branch(question, state, "Be brief."),
+        renderer.render_branch(question, state, None, earlier),
+        renderer.render_branch(question, state, "Be brief.", (), examples),
+    ]
+    if renderer.joint:
+        reads.append(renderer.render_joint((question, noul(renderer, "Is it urgent?")), state, "Be brief.", earlier))
+    return reads
+
+
+def test_a_decision_tokenises_its_state_once(diffusion: Renderer) -> None:
+    renderer = Renderer(diffusion.tokenizer, "diffusion")
+    state = "A state read by three questions, each with its own reply instruction."
+    encoded: list[str] = []
+    encode = renderer._encode
+    renderer._encode = lambda text: encoded.append(text) or encode(text)  # type: ignore[method-assign]
+    questions = [choice(renderer, ["a", "b"]), noul(renderer, "Is it urgent?"), choice(renderer, ["c", "d", "e"])]
+    for question in questions:
+        renderer.render_branch(question, state, "Be brief.")
+    assert sum(state in text for text in encoded) == 1

@@ -1,5 +1,6 @@
 """Calibration artifacts: the schema hash, the JSON round trip, and refusals naming the file."""
 
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,20 @@ def test_the_schema_is_what_the_prompt_shows_besides_the_state() -> None:
     swapped = replace(QUESTION, options=QUESTION.options[::-1])
     described = replace(QUESTION, options=(Option("refund", "a refund"), Option("other")))
     assert len({base, schema_hash(swapped, "Be brief."), schema_hash(described, "Be brief.")}) == 3
+
+
+def test_the_schema_hash_is_sha256_of_the_schemas_sorted_compact_json() -> None:
+    """Fitted artifacts on disk are named by it: the remembered hashes are the format's, computed here."""
+    payload = {
+        "type": "choice",
+        "instructions": "What do they want?",
+        "options": [["refund", "money back"], ["other", None]],
+        "request_instructions": "Be brief. é",
+    }
+    text = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    expected = hashlib.sha256(text.encode()).hexdigest()
+    assert schema_hash(QUESTION, "Be brief. é") == expected
+    assert schema_hash(replace(QUESTION, id="again"), "Be brief. é") == expected  # remembered
 
 
 def artifact() -> Calibration:
