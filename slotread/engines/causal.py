@@ -272,9 +272,16 @@ class CausalEngine:
         """Refuse a model whose own logits differ from ``self._head``'s (an unknown head transform), over
         the vocabulary and, exactly, at a few ids and its top ones."""
         probe = torch.arange(1, min(5, self._vocab), device=self._model.device).unsqueeze(0)
+        # the body's output caught inside the model's own forward: one forward of the model, not a second
+        # of the body (each Decider of a causal model runs this check at start-up)
+        bodies: list[torch.Tensor] = []
+        hook = self._body.register_forward_hook(lambda _module, _args, output: bodies.append(output[0]))
         with torch.inference_mode():
-            expected = self._model(input_ids=probe).logits[0, -1].float()
-            hidden = self._body(input_ids=probe).last_hidden_state[0, -1:]  # (1, H)
+            try:
+                expected = self._model(input_ids=probe).logits[0, -1].float()
+            finally:
+                hook.remove()
+            hidden = bodies[0][0, -1:]  # (1, H)
             ids = torch.cat([torch.arange(0, self._vocab, max(1, self._vocab // 64)), expected.topk(8).indices.cpu()])
             ids = ids.to(self._model.device)
             vocabulary = self._head.vocabulary(hidden)[0]

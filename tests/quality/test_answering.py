@@ -36,7 +36,7 @@ def counting(decider: Decider) -> RecordingEngine:
     return engine
 
 
-def schema(decider: Decider, qid: str, body: dict[str, Any]) -> str:
+def schema(qid: str, body: dict[str, Any]) -> str:
     decision = to_decision(parse_request(body))
     return schema_hash(next(q for q in decision.questions if q.id == qid), decision.instructions)
 
@@ -57,7 +57,7 @@ def test_contextual_divides_by_the_content_free_reads_once_per_schema(smollm2: L
     assert len(engine.requests) == 2 + 2 + 2 * len(CONTENT_FREE_STATES)  # the two questions, then their blank reads
     assert result.input_tokens > plain["usage"]["input_tokens"]
     for qid in QUESTIONS:
-        p_cf = decider.calibrations.content_free(schema(decider, qid, body))[0]
+        p_cf = decider.calibrations.content_free(schema(qid, body))[0]
         expected = raw(result.answers[qid]) / p_cf
         assert result.answers[qid].probabilities == pytest.approx(expected / expected.sum(), abs=1e-12)
     again = decider.decide({**body, "state": "Where is my refund?", "x_calibration": "contextual"})
@@ -70,8 +70,8 @@ def test_contextual_keeps_one_content_free_distribution_per_assignment(smollm2: 
     body = {"state": STATE, "questions": QUESTIONS, "x_permutations": 3, "x_calibration": "contextual"}
     got = decider.decide(body)["answers"]
     assert got["intent"]["x_reads"] == 3 and got["urgent"]["x_reads"] == 2
-    assert sorted(decider.calibrations.content_free(schema(decider, "intent", body))) == [0, 1, 2]
-    noul = decider.calibrations.content_free(schema(decider, "urgent", body))
+    assert sorted(decider.calibrations.content_free(schema("intent", body))) == [0, 1, 2]
+    noul = decider.calibrations.content_free(schema("urgent", body))
     assert sorted(noul) == [0, 1]
     assert abs(sum(got["intent"]["probabilities"].values()) - 1) < 1e-9
 
@@ -85,9 +85,7 @@ def test_temperature_needs_a_fitted_artifact(smollm2: LoadedModel, tmp_path: Pat
     for qid, temperature in (("intent", 2.0), ("urgent", 0.5)):
         options = tuple(QUESTIONS[qid].get("criteria", {"yes": 0, "no": 0}))
         kind = QUESTIONS[qid]["type"]
-        Calibration(smollm2.name, schema(Decider(smollm2), qid, body), kind, options, temperature).save(
-            tmp_path / f"{qid}.json"
-        )
+        Calibration(smollm2.name, schema(qid, body), kind, options, temperature).save(tmp_path / f"{qid}.json")
     scaled = Decider(smollm2, calibration_dir=tmp_path).answer(body).answers
     for qid, temperature in (("intent", 2.0), ("urgent", 0.5)):
         # softmax(z / T) = softmax(log p / T): p^(1/T), renormalised
@@ -104,7 +102,7 @@ def test_binned_sets_the_contextual_top_to_its_bin_value(smollm2: LoadedModel, t
     one_bin = TopLabelBins(np.array([]), np.array([0.9]), np.array([50.0]))
     for qid in QUESTIONS:
         options = tuple(QUESTIONS[qid].get("criteria", {"yes": 0, "no": 0}))
-        fitted = Calibration(smollm2.name, schema(Decider(smollm2), qid, body), QUESTIONS[qid]["type"], options)
+        fitted = Calibration(smollm2.name, schema(qid, body), QUESTIONS[qid]["type"], options)
         replace(fitted, bins=one_bin).save(tmp_path / f"{qid}.json")
     decider = Decider(smollm2, calibration_dir=tmp_path)
     contextual = decider.answer({**body, "x_calibration": "contextual"}).answers
@@ -148,17 +146,18 @@ def test_coverage_adds_the_prediction_set_to_choices_and_scores(smollm2: LoadedM
         "urgent": QUESTIONS["urgent"],
     }
     body = {"state": STATE, "questions": questions, "x_coverage": 0.5}
+    plain = Decider(smollm2)
     with pytest.raises(InvalidRequest) as caught:
-        Decider(smollm2).decide(body)
+        plain.decide(body)
     assert [d["loc"] for d in caught.value.detail] == [["body", "x_coverage"]] * 2  # not the noul
     assert "no conformal scores for x_calibration 'none'" in caught.value.detail[0]["msg"]
-    raw = Decider(smollm2).decide({**body, "x_coverage": None})["answers"]
+    raw = plain.decide({**body, "x_coverage": None})["answers"]
     for qid, options in (("intent", ("refund", "replacement", "other")), ("mood", ("0", "1", "2"))):
         p = np.sort(list(raw[qid]["probabilities"].values()))[::-1]
         # scores whose 2nd smallest (⌈(3 + 1)·0.5⌉ = 2) lies between 1 − p_top and 1 − p_second: only the top
         middle = 1 - (p[0] + p[1]) / 2
         scores = np.array([0.0, middle, 1.0])
-        fitted = Calibration(smollm2.name, schema(Decider(smollm2), qid, body), questions[qid]["type"], options)
+        fitted = Calibration(smollm2.name, schema(qid, body), questions[qid]["type"], options)
         replace(fitted, conformal={"none": scores}).save(tmp_path / f"{qid}.json")
     decider = Decider(smollm2, calibration_dir=tmp_path)
     got = decider.decide(body)["answers"]
