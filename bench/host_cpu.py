@@ -6,7 +6,8 @@ the response rendered by ``JSONResponse``. Its CPU time is the calling thread's 
 and the engine's own share is taken out: ``Engine.read`` and ``Engine.think`` are timed the same way
 and subtracted, so what remains is validation, rendering and tokenising, batching, calibration and
 response assembly (what a server thread holds the GIL for besides the engine). Torch runs one thread,
-so the engine's work is on the calling thread too.
+so the engine's work is on the calling thread too (on a GPU: its host work, the device's time is not
+CPU time).
 
     PYTHONPATH=. python bench/host_cpu.py --model /tmp/tinydg --workloads w1,w1-joint,w2
 
@@ -185,7 +186,9 @@ def run_http(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", required=True, help="what slotread serve --model takes (random:DIR on a GPU)")
+    parser.add_argument("--device", default="cpu", help="on a GPU the engine's CPU is its host work, launches included")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--workloads", default="w1,w1-joint,w2", type=lambda s: s.split(","))
     parser.add_argument("--decisions", type=int, default=20, help="timed decisions per workload")
     parser.add_argument("--warmup", type=int, default=4, help="untimed decisions (with --http: seconds) first")
@@ -196,7 +199,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20, help="with --http: timed seconds per workload")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    decider = Decider(args.model, device="cpu", dtype=torch.float32)
+    decider = Decider(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     clock = EngineClock()
     engine = decider.engine
     # instance attributes: the engine keeps its type (the batcher and pipeline check it)
