@@ -100,7 +100,10 @@ class DiffusionGemmaEngine:
 
     CUDA graphs (``FastPaths.cuda_graphs``): decoder steps whose canvases all read one cached prompt
     replay captured graphs (``graphs.py``), and so do joint forwards of up to ``GRAPH_TOKENS`` tokens
-    whose new states all continue one cached prompt.
+    whose new states all continue one cached prompt; a graph serves one parent, so prompts whose
+    parents differ but share an earlier cached boundary (a decision's isolated questions) continue
+    that boundary instead when re-encoding costs less than the forwards saved
+    (``kv_schedule.merged_parents``, ``MERGE_FORWARD_TOKENS``).
     """
 
     family: Family = "diffusion"

@@ -17,10 +17,9 @@ the same whether or not a prefix was cached. For one call:
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from itertools import groupby
+from itertools import accumulate, groupby
 
 from slotread.engines.base import ReadRequest
 from slotread.engines.diffusion_gemma.graphs import length_bucket
@@ -90,7 +89,7 @@ def merged_parents(
     forward is priced at ``forward_tokens`` new tokens (what its fixed cost, reading the weights, is
     worth); a group merges when the tokens it re-encodes are at most that per forward saved. The
     shared boundary's KV is added to ``found``."""
-    ends = {r.prompt_ids: list(itertools.accumulate(len(s) for s in r.prompt)) for r in requests}
+    ends = {r.prompt_ids: list(accumulate(len(s) for s in r.prompt)) for r in requests}
     groups: dict[Ids, list[tuple[Ids, int]]] = {}  # by the shared boundary's prefix: (prompt, its end)
     for ids, start in deferred.items():
         earlier = [end for end in ends[ids] if end < start]
