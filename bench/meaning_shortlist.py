@@ -80,6 +80,7 @@ def split_run(spec: str, embed: Embed) -> Split:
     data = load_dataset(name, split or None, question=Path(questions[0]) if questions else None)
     states = {item.id: item.state for item in data.items}
     question = to_decision(parse_request({"state": "x", "questions": {"q": info["task"]["question"]}})).questions[0]
+    embed([states[item_id] for item_id in predictions.ids])  # batched once: each item's q below reads the cache
     qs, lists, reads = [], [], []
     for item_id, p in zip(predictions.ids, predictions.probabilities, strict=True):
         q = similarity_distribution(question, states[item_id], embed)
@@ -105,7 +106,11 @@ def fit(splits: list[Split]) -> float:
     z, g = np.concatenate(scores), np.concatenate(gold)
     w = fit_pool_exponent(z, g)
     curve = ", ".join(f"{v:g}: {-pool_log_likelihood(v, z, g) / len(g):.4f}" for v in (0.5, 0.75, 1.0, round(w, 3)))
-    print(f"fitted w = {w:.3f} on {len(g)} items; mean NLL on the list at w = {curve}")
+    best = pool_log_likelihood(w, z, g)
+    grid = np.arange(0.05, 2.0, 0.005)
+    inside = grid[[best - pool_log_likelihood(v, z, g) <= 1.92 for v in grid]]  # likelihood ratio, χ²₁ at 95%
+    print(f"fitted w = {w:.3f} (95%: {inside.min():.3f}-{inside.max():.3f}) on {len(g)} items")
+    print(f"mean NLL on the list at w = {curve}")
     return w
 
 

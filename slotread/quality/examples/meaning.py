@@ -42,8 +42,10 @@ Embed = Callable[[Sequence[str]], np.ndarray]
 #: (15,100) 1.247 at 0.05 (0.03: 1.463, 0.08: 1.517).
 SIMILARITY_TEMPERATURE = 0.05
 
-#: w of the pool on the list (module docstring), fitted by ``fit_pool_exponent``: PLACEHOLDER.
-POOL_EXPONENT = 0.5
+#: w of the pool on the list (module docstring): ``fit_pool_exponent`` on qwen2.5-coder-1.5b-instruct's reads of
+#: 10-option lists for 150 BANKING77 and 150 CLINC150 in-scope train messages (seed 0; the 276 whose list held
+#: the gold intent), 0.625 (likelihood-ratio 95%: 0.555-0.700); mean NLL on the list 0.831 against 0.855 at ½.
+POOL_EXPONENT = 0.625
 #: The range ``fit_pool_exponent`` searches: from nearly flat to twice the product of the two.
 EXPONENT_BOUNDS = (0.05, 2.0)
 
