@@ -124,5 +124,11 @@ def test_a_decider_with_an_encoder_answers_every_option(smollm2: LoadedModel, en
             assert p[option.name] == pytest.approx(q[i])  # an unread option keeps the encoder's belief
     assert sum(p[TOPICS.options[i].name] for i in listed) == pytest.approx(q[list(listed)].sum())
     plain = Decider(smollm2)
+    # the list is the pool, at POOL_EXPONENT, of q and the model's own read of the listed options alone
+    names = [TOPICS.options[i].name for i in listed]
+    alone = {"t": {"type": "choice", "instructions": "Which topic?", "criteria": {n: criteria[n] for n in names}}}
+    read = plain.decide({"state": STATE, "questions": alone})["answers"]["t"]["probabilities"]
+    expected = pool(np.array([read[n] for n in names]), q, listed, POOL_EXPONENT)
+    assert [p[o.name] for o in TOPICS.options] == pytest.approx(expected, rel=1e-4)
     with pytest.raises(InvalidRequest, match="--encoder"):
         plain.decide(request)
