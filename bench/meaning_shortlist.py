@@ -5,7 +5,8 @@ given as ``RUN,DATASET[,QUESTIONS]``, and recomputes each item's encoder distrib
 (``quality.examples.meaning``, deterministic). A run's answer is Q_S · normalise((p_read · q)^w₀) on the
 list S and q elsewhere, w₀ the exponent the run was made with (run.json's ``pool_exponent``; runs made
 before w was fitted, issue 22's H200 runs among them, record none and were made with w₀ = ½), so the
-model's read over S is recovered exactly as p_read ∝ (p / Q_S)^(1/w₀) / q. Then:
+model's read over S is recovered exactly as p_read ∝ (p / Q_S)^(1/w₀) / q (the first CPU samples of
+issue 22, made before the pool, answered Q_S · p_read and are not split right here). Then:
 
 - ``--train SPEC`` (repeatable): the w of maximum likelihood of the pooled list on every train run's items
   whose list holds the gold option, all runs together (``meaning.fit_pool_exponent``), and how often
