@@ -231,8 +231,9 @@ def evaluate_model(
     ``x_examples``, ``x_shortlist``; described in run.json) must serve the dataset's question and hold
     none of its items (EvalError, before the model loads), and the Decider loaded ranks it by its own
     retrieval (dense and hybrid with ``encoder``); a Decider passed in serves its own banks.
-    ``encoder`` (recorded likewise) is the sentence encoder the loaded Decider serves shortlists from
-    meaning with (``x_shortlist`` where no bank serves the question). ``concurrency`` decisions run at
+    ``encoder`` (recorded likewise, with the pool exponent of ``quality.examples.meaning``) is the
+    sentence encoder the loaded Decider serves shortlists from meaning with (``x_shortlist`` where no
+    bank serves the question). ``concurrency`` decisions run at
     once, their reads and thoughts merged into shared engine calls as the server merges them
     (``serve.batcher``): faster on a GPU, where in bfloat16 an answer may then move within the
     engine's tolerance, as a served one does (a Decider passed in keeps the batching wrapper).
@@ -291,7 +292,10 @@ def evaluate_model(
     if shuffle_seed is not None:
         info["shuffle_options"] = shuffle_seed
     if encoder is not None:
+        from slotread.quality.examples.meaning import POOL_EXPONENT
+
         info["encoder"] = encoder
+        info["pool_exponent"] = POOL_EXPONENT  # so a run's meaning-shortlist reads can be recovered (bench)
     if example_bank is not None:
         from slotread.eval.banks import bank_info
 

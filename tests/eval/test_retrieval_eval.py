@@ -16,6 +16,7 @@ from slotread.eval.report import compare
 from slotread.models.encoder import SentenceEncoder
 from slotread.models.load import LoadedModel
 from slotread.quality.examples.bank import ExampleBank
+from slotread.quality.examples.meaning import POOL_EXPONENT
 from slotread.settings import EvalSettings
 from tests.eval.banking77 import write_banking77
 
@@ -82,6 +83,7 @@ def test_a_model_shows_the_examples_its_retrieval_finds(cache_dir: Path, data_di
     assert main([*argv, "--encoder", "all-minilm-l6-v2", "--out", str(out), "--no-progress"]) == 0
     info = json.loads((out / "run.json").read_text())
     assert info["example_bank"]["retrieval"] == "hybrid" and info["request"]["x_examples"] == 1
+    assert info["encoder"] == "all-minilm-l6-v2" and info["pool_exponent"] == POOL_EXPONENT  # re-poolable offline
 
 
 def test_a_decider_ranks_its_banks_by_its_retrieval(smollm2: LoadedModel, encoder: SentenceEncoder) -> None:

@@ -28,7 +28,7 @@ from slotread.core.questions import Decision, Question
 from slotread.errors import ErrorDetail, InvalidRequest
 from slotread.quality.artifact import schema_hash
 from slotread.quality.examples.bank import ExampleBank, ExampleBanks
-from slotread.quality.examples.meaning import Embed, nearest_options, similarity_distribution
+from slotread.quality.examples.meaning import Embed, nearest_options, pool, similarity_distribution
 
 #: Neighbours whose labels a shortlist is drawn from, unless x_examples shows more. Measured in
 #: issue 6: the gold intent was among the labels of the 24 BM25-nearest BANKING77 train messages for
@@ -42,12 +42,9 @@ def expand_probabilities(
     """A distribution over the m shortlisted ``options`` as one over all n: (1 − r)·p_read on the list,
     r/(n − m) on each other option (r = 0 when the list holds every option). With a ``prior`` q (n,) over
     all options (a meaning shortlist, r = the prior's mass off the list), each other option keeps q_i and
-    the list's 1 − r is shared as normalise(√(p_read · q)) (``quality.examples.meaning``)."""
+    the list's 1 − r is shared as normalise((p_read · q)^w) (``quality.examples.meaning.pool``)."""
     if prior is not None:
-        full = np.array(prior, dtype=np.float64)
-        pooled = np.sqrt(read * full[list(options)])
-        full[list(options)] = (1 - residual) * pooled / pooled.sum()
-        return full
+        return pool(read, prior, options)
     full = np.full(n, residual / (n - len(options)) if n > len(options) else 0.0)
     full[list(options)] = (1 - residual if n > len(options) else 1.0) * read
     return full
