@@ -161,17 +161,31 @@ def start(
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, path: str = "/readyz") -> None:
     """Wait until ``url`` + ``path`` answers 200 (20 minutes at most); stop the run if the process exits."""
+
+    def gone() -> str | None:
+        if process.poll() is None:
+            return None
+        return f"the server exited ({process.returncode}):\n{log.read_text()[-3000:]}"
+
+    poll_ready(url, gone, path, lambda: log.read_text()[-3000:])
+
+
+def poll_ready(
+    url: str, gone: Callable[[], str | None], path: str = "/readyz", detail: Callable[[], str] = str, every: float = 1.0
+) -> None:
+    """Poll ``url`` + ``path`` until it answers 200 (20 minutes at most); stop the run with ``gone()``'s
+    reason once it gives one (the server ended), or with ``detail()`` when time runs out."""
     deadline = time.monotonic() + 1200
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        if (reason := gone()) is not None:
+            raise SystemExit(reason)
         try:
             if httpx.get(f"{url}{path}", timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
-    raise SystemExit(f"the server was not ready in time:\n{log.read_text()[-3000:]}")
+        time.sleep(every)
+    raise SystemExit(f"the server was not ready in time:\n{detail()}")
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

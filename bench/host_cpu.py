@@ -40,11 +40,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 import uvicorn
 from fastapi.responses import JSONResponse
-from helpers import free_port
+from helpers import free_port, poll_ready
 from serve_load import make_request
 
 from slotread import Decider
@@ -153,13 +152,7 @@ def run_http(
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    poll_ready(url, lambda: None if thread.is_alive() else "the server thread ended", every=0.2)
     results = []
     try:
         for workload in workloads:
