@@ -60,6 +60,15 @@ def residual_mass(misses: int, sampled: int) -> float:
     return (misses + 1) / (sampled + 2)
 
 
+def _refuse_without_encoder(retrieval: Retrieval, embed: Embed | None, where: str = "") -> None:
+    """ExampleBankError (its message after ``where``) when dense or hybrid retrieval has no ``embed``."""
+    if retrieval != "bm25" and embed is None:
+        raise ExampleBankError(
+            f"{where}--retrieval {retrieval} ranks bank examples by their sentence embeddings; "
+            "load a sentence encoder (--encoder all-minilm-l6-v2) or use --retrieval bm25"
+        )
+
+
 class ExampleBank:
     """Solved cases of one question schema, searchable by state.
 
@@ -92,11 +101,7 @@ class ExampleBank:
         self.schema = schema_hash(question, instructions)
         self.labels = np.array([names.index(e.answer) for e in examples], dtype=np.int64)
         self._repeats = Counter(e.state for e in examples)
-        if retrieval != "bm25" and embed is None:
-            raise ExampleBankError(
-                f"{source}: --retrieval {retrieval} ranks the bank's examples by their sentence embeddings; "
-                "load a sentence encoder (--encoder all-minilm-l6-v2) or use --retrieval bm25"
-            )
+        _refuse_without_encoder(retrieval, embed, f"{source}: ")
         self.retrieval = retrieval
         self.embed = embed
         self._index = Retriever([e.state for e in examples], retrieval, embed)
@@ -187,11 +192,7 @@ class ExampleBanks:
     def __init__(
         self, banks: Sequence[ExampleBank] = (), retrieval: Retrieval = "bm25", embed: Embed | None = None
     ) -> None:
-        if retrieval != "bm25" and embed is None:
-            raise ExampleBankError(
-                f"--retrieval {retrieval} ranks bank examples by their sentence embeddings; "
-                "load a sentence encoder (--encoder all-minilm-l6-v2) or use --retrieval bm25"
-            )
+        _refuse_without_encoder(retrieval, embed)
         self.retrieval = retrieval
         self._banks: dict[str, ExampleBank] = {}
         for bank in (bank.retrieving(retrieval, embed) for bank in banks):
