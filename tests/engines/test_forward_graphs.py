@@ -1,4 +1,5 @@
-"""The CUDA graphs' buckets, on the CPU: a joint forward padded to its bucket reads as the unpadded one.
+"""The CUDA graphs' buckets, on the CPU: a joint forward padded to its buckets (one or more parents)
+reads as the unpadded one.
 
 Capture and replay need a GPU (bench/gpu_reads.py checks them on an H200); the padding they rely on
 is plain torch and is checked here, on a tiny random-weight DiffusionGemma in float32.
@@ -11,12 +12,14 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
 from slotread.engines.base import ReadRequest, Slot
+from slotread.engines.diffusion_gemma import read_plan
 from slotread.engines.diffusion_gemma.attention import MASKED
 from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.diffusion_gemma.forward import encode_decode
-from slotread.engines.diffusion_gemma.graphs import _pad_states, bucket, length_bucket, padded
+from slotread.engines.diffusion_gemma.graphs import Layout, _padded_states, bucket, length_bucket, padded
 from slotread.engines.diffusion_gemma.inputs import Canvases, JointMasks, NewTokens, SharedPart
 from slotread.engines.diffusion_gemma.layer_attention import visible_runs
+from slotread.engines.prefix_cache import PrefixKV
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 
 
@@ -36,62 +39,89 @@ def test_length_buckets_are_sixteenths_of_a_power_of_two() -> None:
     assert len({length_bucket(n) for n in range(1025, 2049)}) == 16  # sixteen graphs per doubling
 
 
-@pytest.mark.parametrize("new", [5, 37])  # within the sliding window's 15 held tokens, and past it
-def test_a_padded_joint_forward_reads_as_the_unpadded_one(model: DiffusionGemmaForBlockDiffusion, new: int) -> None:
+@pytest.mark.parametrize(
+    ("new", "parts"),
+    [
+        (5, ((5, 5),)),  # within the sliding window's 15 held tokens: 5 new tokens stay 5
+        (37, ((5, 5),)),  # past it: 37 become 38
+        (37, ((5, 5), (3, 2))),  # two parents (isolated questions), each padded apart
+    ],
+)
+def test_a_padded_joint_forward_reads_as_the_unpadded_one(
+    model: DiffusionGemmaForBlockDiffusion, new: int, parts: tuple[tuple[int, int], ...]
+) -> None:
+    """Per parent (its new-token rows, its canvases): 5 rows pad to 6, 5 canvases to 6, 3 rows and 2
+    canvases stay."""
     generator = torch.Generator().manual_seed(3)
 
     def draw(*shape: int) -> torch.Tensor:
         return torch.randint(3, GEMMA4_VOCAB_SIZE, shape, generator=generator)
 
     config = model.config.text_config
-    schema = tuple(draw(30).tolist())
     engine = DiffusionGemmaEngine(model)
-    engine.read([ReadRequest((schema,), (5, 6), (Slot(0, (7, 8)),))])
-    parent = engine.prefix_cache.get(schema)
-    assert parent is not None
-    held = config.sliding_window - 1
-    rows, canvas_rows, columns = 5, 5, 4  # padded to 6 rows, 6 canvas rows; 5 new tokens stay 5, 37 become 38
-    own_rows = torch.tensor([0, 1, 1, 4, 3])
-    length = len(schema) + new
-    skip = max(0, (length - held) - (len(schema) - held))  # the shared sliding keys out of a canvas's window
+    held, columns = config.sliding_window - 1, 4
+    tokens, positions, parents, canvas_parts, canvas_tokens, canvas_positions, own = [], [], [], [], [], [], []
+    for part, (rows, canvas_rows) in enumerate(parts):
+        schema = tuple(draw(30 - 8 * part).tolist())  # parents of 30 and 22 tokens
+        engine.read([ReadRequest((schema,), (5, 6), (Slot(0, (7, 8)),))])
+        parent = engine.prefix_cache.get(schema)
+        assert parent is not None
+        length = len(schema) + new
+        tokens.append(draw(rows, new))
+        positions.append(torch.arange(len(schema), length).expand(rows, -1))
+        parents.append(SharedPart(rows, parent.keys, parent.values))
+        canvas_parts.append(SharedPart(canvas_rows, parent.keys, parent.values))
+        canvas_tokens.append(draw(canvas_rows, columns))
+        canvas_positions.append(torch.arange(length, length + columns).expand(canvas_rows, -1))
+        first = sum(r for r, _ in parts[:part])
+        own.append(torch.tensor([first + (k * 3) % rows for k in range(canvas_rows)]))  # out of order, some rows twice
+    canvas_rows = sum(c for _, c in parts)
+    bias = torch.zeros(canvas_rows, columns)
+    bias[parts[0][1] - 1, -1] = MASKED  # one padded canvas
+    # the shared sliding keys out of a canvas's window: past the parent's last (held - new)
+    skip = torch.where(torch.arange(held) >= max(0, new), 0.0, MASKED)
     inputs = (
-        NewTokens(
-            draw(rows, new), torch.arange(30, length).expand(rows, -1), [SharedPart(rows, parent.keys, parent.values)]
-        ),
-        Canvases(
-            draw(canvas_rows, columns),
-            torch.arange(length, length + columns).expand(canvas_rows, -1),
-            torch.tensor([[0.0] * columns] * 4 + [[0.0] * (columns - 1) + [MASKED]]),  # one padded canvas
-            [SharedPart(canvas_rows, parent.keys, parent.values)],
-        ),
-        own_rows,
+        NewTokens(torch.cat(tokens), torch.cat(positions), parents),
+        Canvases(torch.cat(canvas_tokens), torch.cat(canvas_positions), bias, canvas_parts),
+        torch.cat(own),
         JointMasks(
             own={
                 "full_attention": torch.zeros(canvas_rows, new),
                 "sliding_attention": torch.where(torch.arange(new) >= new - held, 0.0, MASKED).expand(canvas_rows, -1),
             },
-            shared={"sliding_attention": torch.where(torch.arange(held) >= skip, 0.0, MASKED).expand(canvas_rows, -1)},
+            shared={"sliding_attention": skip.expand(canvas_rows, -1)},
         ),
     )
     args = (model.model.decoder, config.layer_types, config.sliding_window)
+    layout = Layout.of(inputs[0], inputs[1])
+    assert layout is not None and layout.rows == tuple(bucket(r) for r, _ in parts)
     with torch.inference_mode():
         kv, hidden = encode_decode(*args, *inputs)
-        padded_inputs = padded(*inputs)
-        assert padded_inputs[0].tokens.shape == (6, length_bucket(new)) and padded_inputs[1].tokens.shape == (
-            6,
-            columns,
-        )
+        padded_inputs = padded(*inputs, layout)
+        assert padded_inputs[0].tokens.shape == (sum(layout.rows), length_bucket(new))
+        assert padded_inputs[1].tokens.shape == (sum(layout.canvases), columns)
         padded_kv, padded_hidden = encode_decode(*args, *padded_inputs)
-    torch.testing.assert_close(padded_hidden[:canvas_rows], hidden, atol=1e-5, rtol=0)
+    rows, read = layout.real(torch.device("cpu"))
+    torch.testing.assert_close(padded_hidden[read], hidden, atol=1e-5, rtol=0)
     for (keys, values), (padded_keys, padded_values) in zip(kv, padded_kv, strict=True):
-        torch.testing.assert_close(padded_keys[:rows, :, :new], keys, atol=1e-5, rtol=0)
-        torch.testing.assert_close(padded_values[:rows, :, :new], values, atol=1e-5, rtol=0)
+        torch.testing.assert_close(padded_keys[rows, :, :new], keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(padded_values[rows, :, :new], values, atol=1e-5, rtol=0)
 
 
-def test_padded_states_have_no_canvases_and_the_last_run_takes_the_padded_canvases() -> None:
-    states = torch.tensor([0, 2, 3, 5], dtype=torch.int32)  # 3 new-token rows, 5 canvases
-    assert _pad_states(states, 4, 6).tolist() == [0, 2, 3, 5, 6]
-    assert _pad_states(states, 3, 6).tolist() == [0, 2, 3, 6]
+def test_a_layout_pads_each_parents_rows_apart() -> None:
+    layout = Layout(rows=(4, 3), canvases=(6, 2), real_rows=(3, 3), real_canvases=(5, 2))
+    assert layout.sources() == ([0, 1, 2, 0, 3, 4, 5], [0, 1, 2, 3, 4, 0, 5, 6])
+    rows, read = layout.real(torch.device("cpu"))
+    assert rows.tolist() == [0, 1, 2, 4, 5, 6] and read.tolist() == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_padded_states_give_padded_rows_no_canvases_but_a_parts_last_row_its_padded_canvases() -> None:
+    # part 0: rows 0-2 read canvases 0-1, 2, 3-4; part 1: rows 3-5 read canvas 5, none, 6
+    states = torch.tensor([0, 2, 3, 5, 6, 6, 7], dtype=torch.int32)
+    layout = Layout(rows=(4, 3), canvases=(6, 2), real_rows=(3, 3), real_canvases=(5, 2))
+    assert _padded_states(states, layout).tolist() == [0, 2, 3, 5, 6, 7, 7, 8]
+    one = Layout(rows=(3,), canvases=(6,), real_rows=(3,), real_canvases=(5,))  # no padded row: the last takes them
+    assert _padded_states(torch.tensor([0, 2, 3, 5], dtype=torch.int32), one).tolist() == [0, 2, 3, 6]
 
 
 def test_visible_runs_find_each_states_window_in_the_flat_new_tokens() -> None:
@@ -102,3 +132,20 @@ def test_visible_runs_find_each_states_window_in_the_flat_new_tokens() -> None:
     states = torch.tensor([0, 3, 4, 4], dtype=torch.int32)  # row 2 (padding) has no canvases
     starts, counts = visible_runs(own, states)
     assert starts.tolist()[:3] == [2, new + 1, 2 * new] and counts.tolist() == [4, 4, 0]
+
+
+def test_graph_tokens_pad_each_parents_rows_and_canvases_apart() -> None:
+    """Part one: 3 states (5-7 new tokens) of 2 canvases of 4; part two: 5 states (9 new tokens) of one
+    canvas of 6. Rows pad to 3 and 6, canvases to 6 and 6, every row to 9 tokens, every canvas to 6."""
+    requests, deferred, boundaries = [], {}, {}
+    for part, (states, new, canvases, columns) in enumerate([(3, (5, 6, 7), 2, 4), (5, (9,) * 5, 1, 6)]):
+        schema = tuple(range(100 * part, 100 * part + 10))
+        kv = PrefixKV(keys=(torch.zeros(1, 1, 10, 2),), values=(torch.zeros(1, 1, 10, 2),))
+        for state in range(states):
+            read = ReadRequest(
+                (schema, tuple(range(1000 + 50 * state, 1000 + 50 * state + new[state]))), (1,) * columns, ()
+            )
+            deferred[read.prompt_ids] = len(schema)
+            boundaries[read.prompt_ids] = {len(schema): kv}
+            requests += [read] * canvases
+    assert read_plan.graph_tokens(requests, deferred, boundaries) == 3 * 9 + 6 * 6 + 6 * 9 + 6 * 6

@@ -51,8 +51,8 @@ from slotread.engines.diffusion_gemma import assemble, invariant, kv_schedule, r
 from slotread.engines.diffusion_gemma.denoise import MAX_STEPS, Schedule, denoised_hidden
 from slotread.engines.diffusion_gemma.fast_paths import FastPaths, taking
 from slotread.engines.diffusion_gemma.forward import decode, encode, encode_decode
-from slotread.engines.diffusion_gemma.graphs import ForwardGraphs, bucket, length_bucket
-from slotread.engines.diffusion_gemma.inputs import Canvases, NewTokens
+from slotread.engines.diffusion_gemma.graphs import ForwardGraphs
+from slotread.engines.diffusion_gemma.inputs import Canvases, NewTokens, on_device
 from slotread.engines.diffusion_gemma.read_plan import SHARED_MIN, SplitRead
 from slotread.engines.diffusion_gemma.thought import diffusion_thoughts
 from slotread.engines.diffusion_gemma.vision import GemmaVision
@@ -72,12 +72,6 @@ DEFAULT_CACHE_BYTES = 2**30
 #: takes 38 ms (205 as two eager forwards); at 6,144 and 5,632 padded tokens graphs gained 7% and 3%
 #: over the eager joint forward: larger forwards are bound by the GPU.
 GRAPH_TOKENS = 8192
-
-#: What a joint forward's fixed cost is worth in new tokens on an H200 (26B-A4B shape), for
-#: ``kv_schedule.merged_parents``: W1's three isolated questions at concurrency 1 took three graph
-#: replays of ~20 ms each (87 ms a decision, two thirds of it waiting on the GPU), where a token of a
-#: large forward costs ~25 us (~300 TFLOP/s at 7.6 GFLOP a token): 512 is on the cautious side.
-MERGE_FORWARD_TOKENS = 512
 
 Ids = tuple[int, ...]
 
@@ -100,10 +94,9 @@ class DiffusionGemmaEngine:
 
     CUDA graphs (``FastPaths.cuda_graphs``): decoder steps whose canvases all read one cached prompt
     replay captured graphs (``graphs.py``), and so do joint forwards of up to ``GRAPH_TOKENS`` tokens
-    whose new states all continue one cached prompt; a graph serves one parent, so prompts whose
-    parents differ but share an earlier cached boundary (a decision's isolated questions) continue
-    that boundary instead when re-encoding costs less than the forwards saved
-    (``kv_schedule.merged_parents``, ``MERGE_FORWARD_TOKENS``).
+    padded (``read_plan.graph_tokens``), whatever parents their new states continue (a decision's
+    isolated questions: one per question); a larger joint forward is run as one per parent, each of
+    which may replay a graph.
     """
 
     family: Family = "diffusion"
@@ -145,7 +138,9 @@ class DiffusionGemmaEngine:
         self.vision = GemmaVision(model) if getattr(model.config, "vision_config", None) is not None else None
         self._schedule = Schedule.of(model)
         self._graphs = (
-            ForwardGraphs(self._decoder, self._layer_types, self._shape.window) if self.fast.cuda_graphs else None
+            ForwardGraphs(self._decoder, self._layer_types, self._shape.window, GRAPH_TOKENS)
+            if self.fast.cuda_graphs
+            else None
         )
         self._prompt_tokens = 0  # prompt tokens encoded (``counters``)
         self._canvas_tokens = 0  # canvas tokens decoded
@@ -183,7 +178,13 @@ class DiffusionGemmaEngine:
                 joint, requests, deferred, boundaries, self.max_canvases, self.max_encode_tokens
             )
             for chunk in chunks:
-                parts = [chunk] if self._graphs is None else read_plan.by_parent(chunk, requests, deferred, boundaries)
+                parts = [chunk]
+                graphed = self._graphs is not None
+                if (
+                    graphed
+                    and read_plan.graph_tokens([requests[i] for i in chunk], deferred, boundaries) > GRAPH_TOKENS
+                ):
+                    parts = read_plan.by_parent(chunk, requests, deferred, boundaries)
                 for part in parts:
                     logits, hidden = self._joint_slot_logits([requests[i] for i in part], deferred, boundaries)
                     order += part
@@ -242,8 +243,6 @@ class DiffusionGemmaEngine:
         deferred = kv_schedule.deferrable(requests, found, todo, self.max_canvases) if self.fast.joint_encode else {}
         for ends in (todo[ids] for ids in deferred):
             ends.pop()
-        if self._graphs is not None and deferred:
-            deferred = kv_schedule.merged_parents(requests, deferred, found, self.prefix_cache, MERGE_FORWARD_TOKENS)
         images = [image for request in requests for image in request.images]
         features = self.vision.features(images) if images and self.vision is not None else {}
 
@@ -289,14 +288,11 @@ class DiffusionGemmaEngine:
         sources = [(read_plan.parent_of(r, deferred, boundaries), 0) for r in batch]
         canvases = self._canvases(batch, [len(request.prompt_ids) for request in batch], sources)
         own = [row[request.prompt_ids] for request in batch]
-        own_rows = assemble.on_device(self._model.device, own)
+        own_rows = on_device(self._model.device, own)
         masks = assemble.joint_masks(batch, deferred, sources, own, new.tokens.shape[1], self._shape)
-        tokens = (
-            bucket(len(prompts)) * length_bucket(new.tokens.shape[1]) + bucket(len(batch)) * canvases.tokens.shape[1]
-        )
         joint = None
         self._forwards["joint"] += 1
-        if self._graphs is not None and len(new.parents) == 1 and tokens <= GRAPH_TOKENS:
+        if self._graphs is not None and read_plan.graph_tokens(batch, deferred, boundaries) <= GRAPH_TOKENS:
             joint = self._graphs.encode_decode(new, canvases, own_rows, masks)
         if joint is None:
             joint = encode_decode(self._decoder, self._layer_types, self._shape.window, new, canvases, own_rows, masks)
@@ -347,7 +343,7 @@ class DiffusionGemmaEngine:
         device = self._model.device
         rows = [r for r, request in enumerate(batch) for _ in request.slots]
         cols = [slot.position for request in batch for slot in request.slots]
-        at_slots = hidden[assemble.on_device(device, rows), assemble.on_device(device, cols)]  # (S, H)
+        at_slots = hidden[on_device(device, rows), on_device(device, cols)]  # (S, H)
         return self._head.vocabulary(at_slots), at_slots
 
     def _check(self, index: int, request: ReadRequest) -> None:

@@ -9,9 +9,7 @@ the same whether or not a prefix was cached. For one call:
    call continues and whose reads fit one decoder forward has that segment encoded in the forward of
    its canvases (``forward.encode_decode``, the ``joint_encode`` fast path) instead: isolated
    questions after one schema then take one forward for their state and canvases instead of two;
-3. ``merged_parents`` (where CUDA graphs run): prompts deferred after different cached parents that
-   share an earlier boundary are deferred from it instead, when that saves forwards;
-4. ``encode_waves``: the segments left are encoded in waves, one segment per prompt per wave (a
+3. ``encode_waves``: the segments left are encoded in waves, one segment per prompt per wave (a
    boundary prefix two prompts share is encoded once), a wave's rows batched by ``encoder_batches``.
 """
 
@@ -19,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate, groupby
+from itertools import groupby
 
 from slotread.engines.base import ReadRequest
 from slotread.engines.diffusion_gemma.graphs import length_bucket
@@ -73,38 +71,6 @@ def deferrable(
         if len(boundaries) > 1:
             deferred[ids] = boundaries[-2]
     return deferred
-
-
-def merged_parents(
-    requests: Sequence[ReadRequest],
-    deferred: dict[Ids, int],
-    found: Found,
-    cache: PrefixCache,
-    forward_tokens: int,
-) -> dict[Ids, int]:
-    """``deferred`` with the prompts that continue different cached parents after one cached boundary
-    (isolated questions: instructions, then each question, then the state) moved back to that
-    boundary, when re-encoding their parents' segments costs less than the forwards it saves: a CUDA
-    graph replays a joint forward of one parent, so three questions' parents took three forwards. A
-    forward is priced at ``forward_tokens`` new tokens (what its fixed cost, reading the weights, is
-    worth); a group merges when the tokens it re-encodes are at most that per forward saved. The
-    shared boundary's KV is added to ``found``."""
-    ends = {r.prompt_ids: list(accumulate(len(s) for s in r.prompt)) for r in requests}
-    groups: dict[Ids, list[tuple[Ids, int]]] = {}  # by the shared boundary's prefix: (prompt, its end)
-    for ids, start in deferred.items():
-        earlier = [end for end in ends[ids] if end < start]
-        if start in found[ids] and earlier:
-            groups.setdefault(ids[: earlier[-1]], []).append((ids, earlier[-1]))
-    merged = dict(deferred)
-    for prefix, members in groups.items():
-        parents = len({id(found[ids][deferred[ids]]) for ids, _ in members})
-        extra = sum(deferred[ids] - end for ids, end in members)
-        if parents < 2 or extra > forward_tokens * (parents - 1) or (kv := cache.get(prefix)) is None:
-            continue
-        for ids, end in members:
-            found[ids][end] = kv
-            merged[ids] = end
-    return merged
 
 
 def encode_waves(found: Found, todo: dict[Ids, list[int]], encode: Callable[[Rows], dict[Ids, PrefixKV]]) -> None:

@@ -6,8 +6,8 @@
 * ``decoder_chunks``: the reads whose prompt KV is all stored, rows sharing a prompt KV adjacent,
   similar own lengths together, one number of denoise steps and at most ``max_canvases`` a forward;
 * ``joint_chunks``: the reads whose last segment is encoded with their canvases, in forwards of
-  segments of similar lengths; ``by_parent`` splits such a forward into one per parent where CUDA
-  graphs run (a graph replays forwards of one parent only).
+  segments of similar lengths; ``graph_tokens`` counts such a forward's tokens padded to its CUDA
+  graph's buckets, and ``by_parent`` splits one too large for a graph into one forward per parent.
 
 Sliding-window layers: a sliding layer's prompt KV holds the prompt's last ``window - 1`` tokens, and
 the decoder attends to all of them and to the whole canvas (the window is anchored at the end of the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import groupby
 
 from slotread.engines.base import ReadRequest
-from slotread.engines.diffusion_gemma.graphs import length_bucket
+from slotread.engines.diffusion_gemma.graphs import bucket, length_bucket
 from slotread.engines.prefix_cache import PrefixKV
 
 Ids = tuple[int, ...]
@@ -111,8 +111,10 @@ def joint_chunks(
         ids = requests[prompt].prompt_ids
         return len(ids) - deferred[ids]
 
-    def parent(prompt: int) -> int:
-        return id(parent_of(requests[prompt], deferred, boundaries))
+    def parent(prompt: int) -> tuple[int, int]:
+        # by length first: the same parents then come in the same order in every call, and so do a
+        # CUDA graph's parts (its key)
+        return deferred[requests[prompt].prompt_ids], id(parent_of(requests[prompt], deferred, boundaries))
 
     chunk: list[int] = []  # prompts
     canvases = tokens = 0
@@ -134,11 +136,25 @@ def joint_chunks(
         yield [index for p in sorted(chunk, key=parent) for index in reads[p]]
 
 
+def graph_tokens(batch: list[ReadRequest], deferred: dict[Ids, int], boundaries: Boundaries) -> int:
+    """The tokens of ``batch``'s joint forward (its reads' prompts adjacent, by parent) padded to its
+    CUDA graph's buckets (``graphs.Layout``): per parent, its prompts' new-token rows and its canvases
+    each to their ``bucket``, the rows to the longest new segment's ``length_bucket``, the canvases to
+    the longest canvas."""
+    width = length_bucket(max(len(r.prompt_ids) - deferred[r.prompt_ids] for r in batch))
+    columns = max(len(r.canvas) for r in batch)
+    tokens = 0
+    for _, run in groupby(batch, key=lambda r: id(parent_of(r, deferred, boundaries))):
+        reads = list(run)
+        tokens += bucket(len({r.prompt_ids for r in reads})) * width + bucket(len(reads)) * columns
+    return tokens
+
+
 def by_parent(
     chunk: list[int], requests: list[ReadRequest], deferred: dict[Ids, int], boundaries: Boundaries
 ) -> list[list[int]]:
-    """A joint chunk (prompts continuing one parent adjacent) as one forward per parent, for CUDA graphs:
-    a graph replays forwards of one parent only, and eager forwards over a few canvases are bound by
-    their ~1,500 launches (165 ms for 3 parents on an H200 host, where one graph replay of a parent
-    takes ~20 ms)."""
+    """A joint chunk (prompts continuing one parent adjacent) as one forward per parent: where the
+    chunk's forward is too large for a CUDA graph, its parts may still each replay one (eager forwards
+    over a few canvases are bound by their ~1,500 launches: 165 ms for 3 parents on an H200 host, where
+    one graph replay of a parent takes ~20 ms)."""
     return [list(run) for _, run in groupby(chunk, key=lambda i: id(parent_of(requests[i], deferred, boundaries)))]
