@@ -178,13 +178,11 @@ class DiffusionGemmaEngine:
                 joint, requests, deferred, boundaries, self.max_canvases, self.max_encode_tokens
             )
             for chunk in chunks:
-                parts = [chunk]
-                graphed = self._graphs is not None
-                if (
-                    graphed
-                    and read_plan.graph_tokens([requests[i] for i in chunk], deferred, boundaries) > GRAPH_TOKENS
-                ):
-                    parts = read_plan.by_parent(chunk, requests, deferred, boundaries)
+                batch = [requests[i] for i in chunk]
+                too_large = (
+                    self._graphs is not None and read_plan.graph_tokens(batch, deferred, boundaries) > GRAPH_TOKENS
+                )
+                parts = read_plan.by_parent(chunk, requests, deferred, boundaries) if too_large else [chunk]
                 for part in parts:
                     logits, hidden = self._joint_slot_logits([requests[i] for i in part], deferred, boundaries)
                     order += part

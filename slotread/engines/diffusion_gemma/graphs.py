@@ -12,10 +12,11 @@ cached prompts, one part each), and a joint step's new tokens per row to a sixte
 two (``length_bucket``), so a few graphs serve every batch. Padded rows copy their part's first row
 and their outputs are dropped; padded new tokens come after a row's own, which causal attention
 hides from them, and the canvases' masks hide them in turn. A graph reads static copies of the
-prompt KV, refreshed before every replay (a device copy, ~0.1 ms for a 1,600-token prompt). A
-bucket is captured the second time it is asked for: a shape seen once runs eagerly rather than
-paying a capture. After a capture the process's objects are frozen out of the cycle collector
-(``_settle``): what compiling leaves behind made a full collection a 260-410 ms stall.
+prompt KV, refreshed before a replay unless they hold that prompt already (a device copy, ~0.1 ms
+for a 1,600-token prompt). A bucket is captured the second time it is asked for: a shape seen once
+runs eagerly rather than paying a capture. After a capture the process's objects are frozen out of
+the cycle collector (``_settle``): what compiling leaves behind made a full collection a 260-410 ms
+stall.
 """
 
 from __future__ import annotations
