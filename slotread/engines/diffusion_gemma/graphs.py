@@ -351,7 +351,8 @@ def length_bucket(size: int) -> int:
 
 def _padded_states(states: torch.Tensor, layout: Layout) -> torch.Tensor:
     """``JointMasks.states`` for the padded rows: each real row's canvases where they moved, padded
-    rows none but the last of each part, whose run takes its part's padded canvases."""
+    rows none, and a part's padded canvases in the run of its last row (padded or not), whose
+    outputs are dropped."""
     pieces, row, canvas, padded = [], 0, 0, 0
     for rows, real_rows, canvases, real_canvases in zip(
         layout.rows, layout.real_rows, layout.canvases, layout.real_canvases, strict=True
