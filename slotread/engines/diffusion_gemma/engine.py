@@ -178,13 +178,16 @@ class DiffusionGemmaEngine:
                 joint, requests, deferred, boundaries, self.max_canvases, self.max_encode_tokens
             )
             for chunk in chunks:
-                batch = [requests[i] for i in chunk]
-                too_large = (
-                    self._graphs is not None and read_plan.graph_tokens(batch, deferred, boundaries) > GRAPH_TOKENS
+                graphed = self._graphed(chunk, requests, deferred, boundaries)
+                parts = (
+                    [chunk]
+                    if graphed or self._graphs is None
+                    else read_plan.by_parent(chunk, requests, deferred, boundaries)
                 )
-                parts = read_plan.by_parent(chunk, requests, deferred, boundaries) if too_large else [chunk]
                 for part in parts:
-                    logits, hidden = self._joint_slot_logits([requests[i] for i in part], deferred, boundaries)
+                    batch = [requests[i] for i in part]
+                    fits = graphed or self._graphed(part, requests, deferred, boundaries)
+                    logits, hidden = self._joint_slot_logits(batch, deferred, boundaries, fits)
                     order += part
                     slot_logits.append(logits)
                     slot_hidden.append(hidden)
@@ -269,14 +272,23 @@ class DiffusionGemmaEngine:
         lengths = [len(p) - s for p, s in zip(group, starts, strict=True)]
         return assemble.kv_entries(parents, layers, lengths, self._shape)
 
+    def _graphed(
+        self, indices: list[int], requests: list[ReadRequest], deferred: dict[Ids, int], boundaries: kv_schedule.Found
+    ) -> bool:
+        """Whether the joint forward of ``requests[indices]`` replays a CUDA graph: graphs run here and
+        its padded tokens (``read_plan.graph_tokens``) are at most ``GRAPH_TOKENS``."""
+        batch = [requests[i] for i in indices]
+        return self._graphs is not None and read_plan.graph_tokens(batch, deferred, boundaries) <= GRAPH_TOKENS
+
     def _joint_slot_logits(
-        self, batch: list[ReadRequest], deferred: dict[Ids, int], boundaries: kv_schedule.Found
+        self, batch: list[ReadRequest], deferred: dict[Ids, int], boundaries: kv_schedule.Found, graphed: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_slot_logits`` for requests whose last prompt segment is encoded in the same forward
         (``encode_decode``); the segments' KV are stored in the prefix cache as ``_encode_all`` would.
 
         A canvas reads its parent's whole held KV and its state's new tokens, with biases hiding what
-        its layer's window does not reach (instead of slicing), so a bucketed CUDA graph can serve it.
+        its layer's window does not reach (instead of slicing), so a bucketed CUDA graph can serve it;
+        ``graphed`` (``_graphed``): one does.
         """
         prompts = list(dict.fromkeys(request.prompt_ids for request in batch))  # one encoder row each
         starts = [deferred[ids] for ids in prompts]
@@ -290,7 +302,7 @@ class DiffusionGemmaEngine:
         masks = assemble.joint_masks(batch, deferred, sources, own, new.tokens.shape[1], self._shape)
         joint = None
         self._forwards["joint"] += 1
-        if self._graphs is not None and read_plan.graph_tokens(batch, deferred, boundaries) <= GRAPH_TOKENS:
+        if graphed and self._graphs is not None:
             joint = self._graphs.encode_decode(new, canvases, own_rows, masks)
         if joint is None:
             joint = encode_decode(self._decoder, self._layer_types, self._shape.window, new, canvases, own_rows, masks)
