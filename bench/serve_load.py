@@ -10,10 +10,11 @@ its own defaults plus ``--device``/``--dtype``, waits for ``/readyz``, then per 
 concurrency runs a client in a separate process: C workers post decisions back to back (a 429/529 waits
 its ``retry-after-ms``, as the official SDK does), first for ``--warmup`` seconds, then timed for
 ``--seconds``. Around the timed phase the client reads the server's ``/metrics``: the engine's prefix
-cache hits and misses, prompt and canvas tokens computed, CUDA graph captures, and the process's CPU
-time, each per decision; behind a gateway also the replicas' CPU time (``/proc/PID/stat``; they run
-on this host). ``--profile`` samples the server's (and replicas') stacks with py-spy through each timed
-phase, busy threads and the GIL's holder, and prints where they were (``bench/stack_profile.py``).
+cache hits and misses, prompt and canvas tokens computed, CUDA graph captures (of whole forwards and
+of layer pieces), and the process's CPU time, each per decision; behind a gateway also the replicas'
+CPU time (``/proc/PID/stat``; they run on this host). ``--profile`` samples the server's (and
+replicas') stacks with py-spy through each timed phase, busy threads and the GIL's holder, and prints
+where they were (``bench/stack_profile.py``).
 ``--engine-only`` then loads the model in this process and times ``Engine.read`` alone on the reads the
 Decider renders for the same requests (a diagnostic).
 
@@ -384,14 +385,16 @@ def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], 
         f"| {topology} | {workload} | {concurrency} | {rate:.1f} | {percentile(latencies, 0.5) * 1000:.0f} | "
         f"{percentile(latencies, 0.99) * 1000:.0f} | {statuses} | {new / decisions:.0f} | {share:.1%} | "
         f"{per('slotread_engine_prefix_cache_hits')} / {per('slotread_engine_prefix_cache_misses')} | "
-        f"{counters.get('slotread_engine_graph_captures', 0):.0f} | {per('process_cpu_seconds_total', 1000)} | "
+        f"{counters.get('slotread_engine_graph_captures', 0):.0f} / "
+        f"{counters.get('slotread_engine_layer_graph_captures', 0):.0f} | {per('process_cpu_seconds_total', 1000)} | "
         f"{per('replica_cpu_seconds', 1000)} | {per('slotread_engine_vision_runs')} |"
     )
 
 
 HEADER = (
     "| topology | workload | c | decisions/s | p50 ms | p99 ms | statuses | new tokens/dec | bf16 peak | "
-    "cache hits / misses per dec | graph captures | host CPU ms/dec | replica CPU ms/dec | vision runs/dec |\n"
+    "cache hits / misses per dec | graph captures: forwards / layer pieces | host CPU ms/dec | "
+    "replica CPU ms/dec | vision runs/dec |\n"
     "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"
 )
 

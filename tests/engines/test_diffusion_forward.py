@@ -1,7 +1,9 @@
 """DiffusionGemma's forward in parts (``diffusion_gemma.forward``) against the library's own encoder and
 decoder, on a tiny random-weight DiffusionGemma in float32 (two sliding layers of window 16, then a full
 one): the KV the encoder writes, segment by segment or at once, and the decoder's hidden states read
-through a shared part, with and without a row's own prompt tokens.
+through a shared part, with and without a row's own prompt tokens. Each also through the layers'
+graph pieces (``layer_graphs.py``; on the CPU they run eagerly over their static buffers, padded to
+their token buckets, one object for every forward of a test).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
 
 from slotread.engines.diffusion_gemma.forward import decode, encode
 from slotread.engines.diffusion_gemma.inputs import Canvases, NewTokens, OwnPrompt, SharedPart
+from slotread.engines.diffusion_gemma.layer_graphs import LayerGraphs
 from slotread.models.tiny import tiny_diffusion_gemma
 
 VOCAB = 512
@@ -33,6 +36,11 @@ def tokens() -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :PROMPT], ids[:, PROMPT:]
 
 
+@pytest.fixture(params=["eager", "layer graphs"])
+def pieces(request: pytest.FixtureRequest) -> LayerGraphs | None:
+    return LayerGraphs(max_tokens=64) if request.param == "layer graphs" else None
+
+
 def held(model: DiffusionGemmaForBlockDiffusion, kv: KV) -> KV:
     """Per layer, the KV a layer keeps of a prompt: a sliding layer its last ``window - 1`` tokens."""
     config = model.config.get_text_config()
@@ -47,7 +55,13 @@ def library_cache(model: DiffusionGemmaForBlockDiffusion, prompt: torch.Tensor) 
     return cache
 
 
-def encoded(model: DiffusionGemmaForBlockDiffusion, tokens: torch.Tensor, start: int, parent: KV | None) -> KV:
+def encoded(
+    model: DiffusionGemmaForBlockDiffusion,
+    tokens: torch.Tensor,
+    start: int,
+    parent: KV | None,
+    pieces: LayerGraphs | None = None,
+) -> KV:
     """``forward.encode`` of one row of ``tokens`` at positions from ``start``, continuing ``parent``."""
     config = model.config.get_text_config()
     positions = torch.arange(start, start + tokens.shape[1])[None]
@@ -58,16 +72,17 @@ def encoded(model: DiffusionGemmaForBlockDiffusion, tokens: torch.Tensor, start:
             config.layer_types,
             config.sliding_window,
             NewTokens(tokens, positions, parents),
+            pieces,
         )
 
 
-def test_encode_writes_the_librarys_kv(model: DiffusionGemmaForBlockDiffusion, tokens) -> None:
+def test_encode_writes_the_librarys_kv(model: DiffusionGemmaForBlockDiffusion, tokens, pieces) -> None:
     prompt, _ = tokens
     cache = library_cache(model, prompt)
-    whole = held(model, encoded(model, prompt, 0, None))
+    whole = held(model, encoded(model, prompt, 0, None, pieces))
     # the second segment continues the first's held KV: its sliding layers see back across the boundary
-    first = held(model, encoded(model, prompt[:, :SPLIT], 0, None))
-    rest = encoded(model, prompt[:, SPLIT:], SPLIT, first)
+    first = held(model, encoded(model, prompt[:, :SPLIT], 0, None, pieces))
+    rest = encoded(model, prompt[:, SPLIT:], SPLIT, first, pieces)
     joined = held(
         model, [(torch.cat([a, b], -2), torch.cat([c, d], -2)) for (a, c), (b, d) in zip(first, rest, strict=True)]
     )
@@ -78,7 +93,7 @@ def test_encode_writes_the_librarys_kv(model: DiffusionGemmaForBlockDiffusion, t
             assert torch.allclose(ours[index][1], values, atol=1e-5)
 
 
-def test_decode_reads_as_the_librarys_decoder(model: DiffusionGemmaForBlockDiffusion, tokens) -> None:
+def test_decode_reads_as_the_librarys_decoder(model: DiffusionGemmaForBlockDiffusion, tokens, pieces) -> None:
     prompt, canvas = tokens
     config = model.config.get_text_config()
     with torch.inference_mode():
@@ -87,7 +102,7 @@ def test_decode_reads_as_the_librarys_decoder(model: DiffusionGemmaForBlockDiffu
             past_key_values=library_cache(model, prompt),
             decoder_position_ids=torch.arange(PROMPT, PROMPT + CANVAS)[None],
         ).last_hidden_state
-    kv = held(model, encoded(model, prompt, 0, None))
+    kv = held(model, encoded(model, prompt, 0, None, pieces))
     positions = torch.arange(PROMPT, PROMPT + CANVAS)[None]
     bias = torch.zeros(1, CANVAS)
     whole = SharedPart(1, tuple(k for k, _ in kv), tuple(v for _, v in kv))
@@ -104,7 +119,9 @@ def test_decode_reads_as_the_librarys_decoder(model: DiffusionGemmaForBlockDiffu
         tuple(torch.zeros(1, n) for n in own_width),
     )
     with torch.inference_mode():
-        read_whole = decode(model.model.decoder, config.layer_types, Canvases(canvas, positions, bias, [whole]), None)
-        read_split = decode(model.model.decoder, config.layer_types, Canvases(canvas, positions, bias, [shared]), own)
+        canvases = Canvases(canvas, positions, bias, [whole])
+        read_whole = decode(model.model.decoder, config.layer_types, canvases, None, layer_graphs=pieces)
+        canvases = Canvases(canvas, positions, bias, [shared])
+        read_split = decode(model.model.decoder, config.layer_types, canvases, own, layer_graphs=pieces)
     assert torch.allclose(read_whole, want, atol=1e-5)
     assert torch.allclose(read_split, want, atol=1e-5)

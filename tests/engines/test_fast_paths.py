@@ -58,6 +58,7 @@ def test_a_slow_path_named_in_the_settings_reaches_the_engine(
     with the names there are, before anything loads."""
 
     assert FastPaths.without(["cuda_graphs", "compiled"]).on() == [
+        "layer_graphs",
         "joint_encode",
         "cudnn_attention",
         "flash_attention",

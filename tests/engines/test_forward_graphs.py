@@ -1,5 +1,6 @@
 """The CUDA graphs' buckets, on the CPU: a joint forward padded to its buckets (one or more parents)
-reads as the unpadded one.
+reads as the unpadded one, and through the layers' graph pieces (``layer_graphs.py``, run eagerly over
+their static buffers here) as the eager forward.
 
 Capture and replay need a GPU (bench/gpu_reads.py checks them on an H200); the padding they rely on
 is plain torch and is checked here, on a tiny random-weight DiffusionGemma in float32.
@@ -19,6 +20,7 @@ from slotread.engines.diffusion_gemma.forward import encode_decode
 from slotread.engines.diffusion_gemma.graphs import Layout, _padded_states, bucket, length_bucket, padded
 from slotread.engines.diffusion_gemma.inputs import Canvases, JointMasks, NewTokens, SharedPart
 from slotread.engines.diffusion_gemma.layer_attention import visible_runs
+from slotread.engines.diffusion_gemma.layer_graphs import LayerGraphs, token_bucket
 from slotread.engines.prefix_cache import PrefixKV
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 
@@ -39,19 +41,11 @@ def test_length_buckets_are_sixteenths_of_a_power_of_two() -> None:
     assert len({length_bucket(n) for n in range(1025, 2049)}) == 16  # sixteen graphs per doubling
 
 
-@pytest.mark.parametrize(
-    ("new", "parts"),
-    [
-        (5, ((5, 5),)),  # within the sliding window's 15 held tokens: 5 new tokens stay 5
-        (37, ((5, 5),)),  # past it: 37 become 38
-        (37, ((5, 5), (3, 2))),  # two parents (isolated questions), each padded apart
-    ],
-)
-def test_a_padded_joint_forward_reads_as_the_unpadded_one(
+def joint_inputs(
     model: DiffusionGemmaForBlockDiffusion, new: int, parts: tuple[tuple[int, int], ...]
-) -> None:
-    """Per parent (its new-token rows, its canvases): 5 rows pad to 6, 5 canvases to 6, 3 rows and 2
-    canvases stay."""
+) -> tuple[NewTokens, Canvases, torch.Tensor, JointMasks]:
+    """A joint forward's inputs: ``new`` tokens a row after each part's cached parent (30 and 22 tokens),
+    per part (its new-token rows, its canvases of 4 columns), canvases reading their rows out of order."""
     generator = torch.Generator().manual_seed(3)
 
     def draw(*shape: int) -> torch.Tensor:
@@ -80,7 +74,7 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(
     bias[parts[0][1] - 1, -1] = MASKED  # one padded canvas
     # the shared sliding keys out of a canvas's window: past the parent's last (held - new)
     skip = torch.where(torch.arange(held) >= max(0, new), 0.0, MASKED)
-    inputs = (
+    return (
         NewTokens(torch.cat(tokens), torch.cat(positions), parents),
         Canvases(torch.cat(canvas_tokens), torch.cat(canvas_positions), bias, canvas_parts),
         torch.cat(own),
@@ -92,6 +86,23 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(
             shared={"sliding_attention": skip.expand(canvas_rows, -1)},
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("new", "parts"),
+    [
+        (5, ((5, 5),)),  # within the sliding window's 15 held tokens: 5 new tokens stay 5
+        (37, ((5, 5),)),  # past it: 37 become 38
+        (37, ((5, 5), (3, 2))),  # two parents (isolated questions), each padded apart
+    ],
+)
+def test_a_padded_joint_forward_reads_as_the_unpadded_one(
+    model: DiffusionGemmaForBlockDiffusion, new: int, parts: tuple[tuple[int, int], ...]
+) -> None:
+    """Per parent (its new-token rows, its canvases): 5 rows pad to 6, 5 canvases to 6, 3 rows and 2
+    canvases stay."""
+    config = model.config.text_config
+    inputs = joint_inputs(model, new, parts)
     args = (model.model.decoder, config.layer_types, config.sliding_window)
     layout = Layout.of(inputs[0], inputs[1])
     assert layout is not None and layout.rows == tuple(bucket(r) for r, _ in parts)
@@ -99,13 +110,43 @@ def test_a_padded_joint_forward_reads_as_the_unpadded_one(
         kv, hidden = encode_decode(*args, *inputs)
         padded_inputs = padded(*inputs, layout)
         assert padded_inputs[0].tokens.shape == (sum(layout.rows), length_bucket(new))
-        assert padded_inputs[1].tokens.shape == (sum(layout.canvases), columns)
+        assert padded_inputs[1].tokens.shape == (sum(layout.canvases), columns := inputs[1].tokens.shape[1])
+        assert columns == 4
         padded_kv, padded_hidden = encode_decode(*args, *padded_inputs)
     rows, read = layout.real(torch.device("cpu"))
     torch.testing.assert_close(padded_hidden[read], hidden, atol=1e-5, rtol=0)
     for (keys, values), (padded_keys, padded_values) in zip(kv, padded_kv, strict=True):
         torch.testing.assert_close(padded_keys[rows, :, :new], keys, atol=1e-5, rtol=0)
         torch.testing.assert_close(padded_values[rows, :, :new], values, atol=1e-5, rtol=0)
+
+
+def test_token_buckets_are_eighths_of_a_power_of_two() -> None:
+    assert [token_bucket(n) for n in (1, 16, 17, 100, 128, 129, 324, 5600)] == [16, 16, 32, 112, 128, 144, 352, 5632]
+    assert all(n <= token_bucket(n) < n + max(16, n / 8) for n in range(1, 5000))
+    assert len({token_bucket(n) for n in range(1025, 2049)}) == 8  # eight token counts per doubling
+
+
+def test_joint_forwards_through_layer_graphs_read_as_eager(model: DiffusionGemmaForBlockDiffusion) -> None:
+    """Two joint forwards of different sizes (324 tokens padded to 352, then 33 to 48: the rows after
+    them hold the first forward's values) through one ``LayerGraphs``, each against the eager forward;
+    the first again reads as it did (the pieces keep nothing of a forward but their buffers)."""
+    config = model.config.text_config
+    args = (model.model.decoder, config.layer_types, config.sliding_window)
+    pieces = LayerGraphs(max_tokens=512)
+    results = []
+    for new, parts in ((37, ((5, 5), (3, 2))), (5, ((5, 2),)), (37, ((5, 5), (3, 2)))):
+        inputs = joint_inputs(model, new, parts)
+        with torch.inference_mode():
+            (kv, hidden), (graphed_kv, graphed_hidden) = (
+                encode_decode(*args, *inputs),
+                encode_decode(*args, *inputs, pieces),
+            )
+        torch.testing.assert_close(graphed_hidden, hidden, atol=1e-5, rtol=0)
+        for (keys, values), (graphed_keys, graphed_values) in zip(kv, graphed_kv, strict=True):
+            torch.testing.assert_close(graphed_keys, keys, atol=1e-5, rtol=0)
+            torch.testing.assert_close(graphed_values, values, atol=1e-5, rtol=0)
+        results.append(graphed_hidden)
+    assert torch.equal(results[0], results[2])
 
 
 def test_a_layout_pads_each_parents_rows_apart() -> None:

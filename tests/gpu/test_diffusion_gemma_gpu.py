@@ -39,6 +39,8 @@ pytestmark = [
 LAYERS = int(os.environ.get("SLOTREAD_GPU_LAYERS", "2"))
 #: every fast path off: the reference road
 REFERENCE = FastPaths(**{field.name: False for field in fields(FastPaths)})
+#: no CUDA graph of any kind: the forwards launched from Python
+EAGER = FastPaths(cuda_graphs=False, layer_graphs=False)
 
 Prompt = tuple[tuple[int, ...], ...]
 
@@ -177,16 +179,14 @@ def test_cuda_graph_replay_reads_as_eager(bfloat16_model: DiffusionGemmaForBlock
     draws = [canvas_read(prompt, 64, seed) for seed in range(8)]
     engine.read(draws)  # a bucket's graph is captured on its second use
     graphed = replayed(engine, draws)
-    eager_engine = DiffusionGemmaEngine(
-        bfloat16_model, prefix_cache=engine.prefix_cache, fast=FastPaths(cuda_graphs=False)
-    )
+    eager_engine = DiffusionGemmaEngine(bfloat16_model, prefix_cache=engine.prefix_cache, fast=EAGER)
     delta = largest_difference(eager_engine.read(draws), graphed)
     print(f"bf16: 8 reads of a cached prompt, CUDA graph replay vs eager: max |Δ logit| {delta:.3g}")
     assert delta <= 1e-2  # 0 measured: the same kernels on the same shapes
     engine.read([canvas_read((prompt[0], ids(generator, 99)), 16, q) for q in range(3)])  # first use: eager
     decision = [canvas_read((prompt[0], ids(generator, 99)), 16, q) for q in range(3)]
     graphed = replayed(engine, decision)
-    eager = DiffusionGemmaEngine(bfloat16_model, fast=FastPaths(cuda_graphs=False)).read(decision)  # encodes it too
+    eager = DiffusionGemmaEngine(bfloat16_model, fast=EAGER).read(decision)  # encodes it too
     delta = largest_difference(eager, graphed)
     scale = max(float(np.abs(x).max()) for x in logits_of(eager))
     print(
@@ -194,6 +194,52 @@ def test_cuda_graph_replay_reads_as_eager(bfloat16_model: DiffusionGemmaForBlock
         f" max |Δ logit| {delta:.3g} on logits up to {scale:.1f}"
     )
     assert delta <= 0.1
+
+
+def test_layer_graphs_read_as_eager(twins, generator) -> None:
+    """Forwards no whole graph covers (``cuda_graphs`` off) through the layers' graph pieces, replayed
+    from the third batch of each shape on: mixed decisions (three schemas of 300-1,500 tokens, states of
+    20-400, 1-4 questions each). Batched, against float32 as accurate as the eager forward (``as_accurate``:
+    padded token counts may change cuBLAS's tiles); deterministic, bit for bit the eager forward (its
+    kernels' per-row sums do not depend on the token count)."""
+    exact, rounded = twins
+    canvas_read = reader(generator)
+    schemas = [ids(generator, n) for n in (300, 900, 1500)]
+
+    def decisions() -> list[ReadRequest]:  # the same token counts every time, fresh ids
+        shapes = [(schemas[k % 3], 20 + (37 * k) % 380, 1 + k % 4) for k in range(12)]
+        return [
+            canvas_read((s, state), 16, q)
+            for s, n, asked in shapes
+            for state in [ids(generator, n)]
+            for q in range(asked)
+        ]
+
+    truth_engine = DiffusionGemmaEngine(exact, fast=REFERENCE)
+    for deterministic in (False, True):
+        pieces = DiffusionGemmaEngine(rounded, deterministic=deterministic, fast=FastPaths(cuda_graphs=False))
+        eager = DiffusionGemmaEngine(rounded, deterministic=deterministic, fast=EAGER)
+        for engine in (pieces, eager, truth_engine):
+            engine.read([canvas_read((schema,), 16, 0) for schema in schemas])  # the schemas cached
+        pieces.read(decisions())  # each piece run eagerly, then captured on its second use
+        pieces.read(decisions())
+        reads = decisions()
+        before = pieces.counters()["layer_graph_replays"]
+        graphed = pieces.read(reads)
+        replays = pieces.counters()["layer_graph_replays"] - before
+        assert replays > 0, "the pieces ran eagerly (see the warning logged)"
+        reference = eager.read(reads)
+        if deterministic:
+            delta = largest_difference(reference, graphed)
+            print(f"bf16, {pieces.mode}: {replays} layer pieces replayed vs eager: max |Δ logit| {delta:.3g}")
+            assert delta == 0
+        else:
+            truth = logits_of(truth_engine.read(reads))
+            assert as_accurate(
+                f"layer graphs ({replays} pieces replayed; yardstick: eager)",
+                errors(logits_of(graphed), truth),
+                errors(logits_of(reference), truth),
+            )
 
 
 def test_attention_kernels_agree(twins, generator) -> None:
@@ -252,7 +298,8 @@ def test_every_fast_path_off_reads_alike(twins, generator) -> None:
     fast = DiffusionGemmaEngine(rounded)
     slow = DiffusionGemmaEngine(rounded, fast=REFERENCE)
     truth_engine = DiffusionGemmaEngine(exact, fast=REFERENCE)
-    assert {"cuda_graphs", "joint_encode", "cudnn_attention", "flash_attention", "compiled"} <= set(fast.fast.on())
+    on = {"cuda_graphs", "layer_graphs", "joint_encode", "cudnn_attention", "flash_attention", "compiled"}
+    assert on <= set(fast.fast.on())
     assert slow.fast.on() == []
     canvas_read = reader(generator)
     head = ids(generator, 1500)
@@ -381,7 +428,7 @@ def test_one_decisions_isolated_questions_take_one_graphed_forward(
     before = engine.counters()["joint_forwards"]
     graphed = replayed(engine, reads)
     assert engine.counters()["joint_forwards"] - before == 1
-    eager = DiffusionGemmaEngine(bfloat16_model, fast=FastPaths(cuda_graphs=False))
+    eager = DiffusionGemmaEngine(bfloat16_model, fast=EAGER)
     for question in questions:
         eager.read([canvas_read((instructions, question), 16, 0)])
     reference = eager.read(reads)

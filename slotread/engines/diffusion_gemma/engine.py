@@ -53,6 +53,7 @@ from slotread.engines.diffusion_gemma.fast_paths import FastPaths, taking
 from slotread.engines.diffusion_gemma.forward import decode, encode, encode_decode
 from slotread.engines.diffusion_gemma.graphs import ForwardGraphs
 from slotread.engines.diffusion_gemma.inputs import Canvases, NewTokens, on_device
+from slotread.engines.diffusion_gemma.layer_graphs import LayerGraphs
 from slotread.engines.diffusion_gemma.read_plan import SHARED_MIN, SplitRead
 from slotread.engines.diffusion_gemma.thought import diffusion_thoughts
 from slotread.engines.diffusion_gemma.vision import GemmaVision
@@ -72,6 +73,9 @@ DEFAULT_CACHE_BYTES = 2**30
 #: takes 38 ms (205 as two eager forwards); at 6,144 and 5,632 padded tokens graphs gained 7% and 3%
 #: over the eager joint forward: larger forwards are bound by the GPU.
 GRAPH_TOKENS = 8192
+#: The most tokens of a forward whose layers replay graph pieces (``layer_graphs.py``; its static
+#: buffers hold this many tokens: ~0.5 GB on the 26B-A4B shape). Larger forwards are bound by the GPU.
+LAYER_GRAPH_TOKENS = 8192
 
 Ids = tuple[int, ...]
 
@@ -96,7 +100,9 @@ class DiffusionGemmaEngine:
     replay captured graphs (``graphs.py``), and so do joint forwards of up to ``GRAPH_TOKENS`` tokens
     padded (``read_plan.graph_tokens``), whatever parents their new states continue (a decision's
     isolated questions: one per question); a larger joint forward is run as one per parent, each of
-    which may replay a graph.
+    which may replay a graph. Every other forward (``FastPaths.layer_graphs``) replays graphs of its
+    layers' work between attention calls, keyed by its token count alone (``layer_graphs.py``), up to
+    ``LAYER_GRAPH_TOKENS`` tokens.
     """
 
     family: Family = "diffusion"
@@ -142,6 +148,7 @@ class DiffusionGemmaEngine:
             if self.fast.cuda_graphs
             else None
         )
+        self._layer_graphs = LayerGraphs(LAYER_GRAPH_TOKENS) if self.fast.layer_graphs else None
         self._prompt_tokens = 0  # prompt tokens encoded (``counters``)
         self._canvas_tokens = 0  # canvas tokens decoded
         self._forwards = {"encode": 0, "joint": 0, "decode": 0}  # forwards run, by kind (``counters``)
@@ -216,8 +223,9 @@ class DiffusionGemmaEngine:
     def counters(self) -> dict[str, int]:
         """Running totals: prefix cache hits and misses, prompt and canvas tokens computed (padding not
         counted), forwards run by kind (prompt segments encoded alone, joint encode-and-read, reads of
-        cached prompts; a graph replay counts as a forward), CUDA graphs captured and replayed."""
-        graphs = self._graphs
+        cached prompts; a graph replay counts as a forward), CUDA graphs of whole forwards captured and
+        replayed, and of layer pieces (``layer_graphs.py``)."""
+        graphs, pieces = self._graphs, self._layer_graphs
         return {
             "prefix_cache_hits": self.prefix_cache.hits,
             "prefix_cache_misses": self.prefix_cache.misses,
@@ -226,6 +234,8 @@ class DiffusionGemmaEngine:
             **{f"{kind}_forwards": count for kind, count in self._forwards.items()},
             "graph_captures": graphs.captures if graphs else 0,
             "graph_replays": graphs.replays if graphs else 0,
+            "layer_graph_captures": pieces.captures if pieces else 0,
+            "layer_graph_replays": pieces.replays if pieces else 0,
             "vision_runs": self.vision.runs if self.vision else 0,
             "vision_hits": self.vision.hits if self.vision else 0,
         }
@@ -268,7 +278,7 @@ class DiffusionGemmaEngine:
         parents = [rows[prefix][1] for prefix in group]
         new = self._new_tokens(group, starts, parents, features)
         self._forwards["encode"] += 1
-        layers = encode(self._encoder, self._layer_types, self._shape.window, new)
+        layers = encode(self._encoder, self._layer_types, self._shape.window, new, self._layer_graphs)
         lengths = [len(p) - s for p, s in zip(group, starts, strict=True)]
         return assemble.kv_entries(parents, layers, lengths, self._shape)
 
@@ -305,7 +315,9 @@ class DiffusionGemmaEngine:
         if graphed and self._graphs is not None:
             joint = self._graphs.encode_decode(new, canvases, own_rows, masks)
         if joint is None:
-            joint = encode_decode(self._decoder, self._layer_types, self._shape.window, new, canvases, own_rows, masks)
+            joint = encode_decode(
+                self._decoder, self._layer_types, self._shape.window, new, canvases, own_rows, masks, self._layer_graphs
+            )
         layers, hidden = joint
         lengths = [len(ids) - start for ids, start in zip(prompts, starts, strict=True)]
         for ids, kv in zip(prompts, assemble.kv_entries(parents, layers, lengths, self._shape), strict=True):
@@ -328,7 +340,7 @@ class DiffusionGemmaEngine:
         elif self._graphs is not None and own is None and len(canvases.shared) == 1:
             hidden = self._graphs.decode(canvases)
         if hidden is None:
-            hidden = decode(self._decoder, self._layer_types, canvases, own)
+            hidden = decode(self._decoder, self._layer_types, canvases, own, layer_graphs=self._layer_graphs)
         return self._head_at_slots(batch, hidden)
 
     def _canvases(self, batch: list[ReadRequest], lengths: list[int], sources: list[tuple[PrefixKV, int]]) -> Canvases:

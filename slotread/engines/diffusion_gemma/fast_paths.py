@@ -6,6 +6,9 @@ and ``bench/`` compare each fast path with:
 
 * ``cuda_graphs``: small decoder steps and joint forwards replay captured CUDA graphs (``graphs.py``)
   instead of launching ~1,500 kernels from Python (a GPU, bfloat16);
+* ``layer_graphs``: a forward that no whole graph covers replays captured CUDA graphs of its layers'
+  work between attention calls, keyed by token count (``layer_graphs.py``) instead of launching it
+  from Python (a GPU, bfloat16);
 * ``joint_encode``: a prompt's new last segment is encoded in the same forward as its canvases
   (``forward.encode_decode``) instead of in a forward of its own (needs the encoder's layers tied to
   the decoder's, as the library ties them; never in the deterministic mode);
@@ -48,6 +51,7 @@ class FastPaths:
     """Which fast paths a DiffusionGemma engine may take (the module docstring says what each does)."""
 
     cuda_graphs: bool = True
+    layer_graphs: bool = True
     joint_encode: bool = True
     cudnn_attention: bool = True
     flash_attention: bool = True
@@ -61,6 +65,7 @@ class FastPaths:
         return FastPaths(
             # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
             cuda_graphs=self.cuda_graphs and gpu and model.dtype == torch.bfloat16,
+            layer_graphs=self.layer_graphs and gpu and model.dtype == torch.bfloat16,
             joint_encode=self.joint_encode and not deterministic and tied(model),
             cudnn_attention=self.cudnn_attention and gpu and not invariant,
             flash_attention=self.flash_attention and gpu and not invariant,

@@ -14,11 +14,14 @@ The layers themselves (``layer.py``) use the library's modules' weights in the l
 float32 tests compare with the library's own forward. The encoder skips the last layer's
 feed-forward and the final norm: a prompt's KV never reads them. ``encode_decode`` puts new prompt
 tokens and the canvases that read them through one forward, as two streams of one token matrix.
+Given ``layer_graphs`` (``layer_graphs.py``), a forward runs its layers' work outside attention as
+replayed CUDA graph pieces.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
@@ -37,6 +40,9 @@ from slotread.engines.diffusion_gemma.layer_attention import (
     visible_runs,
 )
 
+if TYPE_CHECKING:  # layer_graphs imports layer alone; the engine hands its LayerGraphs in
+    from slotread.engines.diffusion_gemma.layer_graphs import LayerGraphs
+
 
 def decode(
     decoder: DiffusionGemmaDecoderModel,
@@ -44,11 +50,12 @@ def decode(
     canvases: Canvases,
     own: OwnPrompt | None,
     conditioning: torch.Tensor | None = None,
+    layer_graphs: LayerGraphs | None = None,
 ) -> torch.Tensor:
     """The decoder's final hidden states (B, C, hidden) for ``canvases``, each row also attending to
     its ``own`` prompt tokens after its shared part. One step; ``conditioning`` (B, C, hidden) is the
     self-conditioning signal (the soft embeddings of the previous step's logits), None a zero one, as
-    the library's first step."""
+    the library's first step. ``layer_graphs``: run the layers through its graphs (here and below)."""
 
     def attention(
         index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
@@ -58,12 +65,17 @@ def decode(
 
     batch, columns = canvases.tokens.shape
     hidden, rotary = _decoder_input(decoder, layer_types, canvases, conditioning)
-    hidden = run_layers(decoder, layer_types, hidden, [(batch, columns)], rotary, attention, last_feed_forward=True)
+    run = run_layers if layer_graphs is None else layer_graphs.run
+    hidden = run(decoder, layer_types, hidden, [(batch, columns)], rotary, attention, True)
     return decoder.norm(hidden).view(batch, columns, -1)
 
 
 def encode(
-    encoder: DiffusionGemmaEncoderTextModel, layer_types: Sequence[str], window: int, new: NewTokens
+    encoder: DiffusionGemmaEncoderTextModel,
+    layer_types: Sequence[str],
+    window: int,
+    new: NewTokens,
+    layer_graphs: LayerGraphs | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the keys and values (B, kvh, N, d) of the ``new`` tokens.
 
@@ -86,7 +98,8 @@ def encode(
         hidden = flat.view(batch, length, -1)
     rotary = rotary_tables(encoder, layer_types, hidden, new.positions)
     # a prompt's KV never reads the last layer's feed-forward
-    run_layers(encoder, layer_types, hidden.view(batch * length, -1), [(batch, length)], rotary, attention, False)
+    run = run_layers if layer_graphs is None else layer_graphs.run
+    run(encoder, layer_types, hidden.view(batch * length, -1), [(batch, length)], rotary, attention, False)
     return kv
 
 
@@ -98,6 +111,7 @@ def encode_decode(
     canvases: Canvases,
     own_rows: torch.Tensor,
     masks: JointMasks,
+    layer_graphs: LayerGraphs | None = None,
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
     """``encode`` and ``decode`` in one pass over the layers, for canvases whose own prompt tokens are
     the ``new`` tokens being encoded: canvas row r reads new-token row ``own_rows[r]`` (B_c,), as
@@ -141,7 +155,8 @@ def encode_decode(
     }
     streams = [(new.tokens.shape[0], length), (rows, columns)]
     # the new tokens' last feed-forward is wasted work (1/L of theirs), cheaper than a split
-    hidden = run_layers(decoder, layer_types, hidden, streams, rotary, attention, last_feed_forward=True)
+    run = run_layers if layer_graphs is None else layer_graphs.run
+    hidden = run(decoder, layer_types, hidden, streams, rotary, attention, True)
     return kv, decoder.norm(hidden[new.tokens.numel() :]).view(rows, columns, -1)
 
 

@@ -15,7 +15,7 @@ hides from them, and the canvases' masks hide them in turn. A graph reads static
 prompt KV, refreshed before a replay unless they hold that prompt already (a device copy, ~0.1 ms
 for a 1,600-token prompt). A bucket is captured the second time it is asked for: a shape seen once
 runs eagerly rather than paying a capture. After a capture the process's objects are frozen out of
-the cycle collector (``_settle``): what compiling leaves behind made a full collection a 260-410 ms
+the cycle collector (``settle``): what compiling leaves behind made a full collection a 260-410 ms
 stall.
 """
 
@@ -235,7 +235,7 @@ class ForwardGraphs:
             outputs = forward(static, prompts)
         logger.info("captured a CUDA graph: %s", key[:4])
         self.captures += 1
-        _settle()
+        settle()
         return _Graph(graph, static, outputs, shared)
 
     def _load(self, name: tuple[object, ...], source: torch.Tensor) -> None:
@@ -257,7 +257,7 @@ class ForwardGraphs:
                 self._loaded.pop(name, None)
 
 
-def _settle() -> None:
+def settle() -> None:
     """Move every object alive now out of the cycle collector's generations, for good: compiling and
     capturing leave ~600k objects (functions, guards, graphs) that live as long as the process, and a
     full collection scanning them took 260-410 ms, once every ~40 batches at (d) c=32 on an H200 host

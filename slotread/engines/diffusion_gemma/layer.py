@@ -128,6 +128,16 @@ def _layer(
     """The library's decoder/encoder layer (they are the same but for attention) over ``hidden``
     (T, hidden), the tokens of ``streams`` (rows, length) one after another: every projection, the
     MLP and the experts over all tokens at once, the attention per stream. ``cos``/``sin`` (T, d)."""
+    query, keys, values = before_attention(layer, hidden, cos, sin)
+    outputs = attention(index, *by_stream(streams, query, keys, values))
+    return after_attention(layer, hidden, merged(outputs, streams), feed_forward)
+
+
+def before_attention(
+    layer: Layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's work before attention, per token: the queries (T, H, d), keys and values (T, kvh, d),
+    normed, the queries and keys rotated."""
     attn = layer.self_attn
     normed = _norm(layer.input_layernorm, hidden)
     tokens = hidden.shape[0]  # T
@@ -137,21 +147,37 @@ def _layer(
     keys = invariant.project(attn.k_proj, normed).view(1, tokens, -1, attn.head_dim)  # (1, T, kvh, d)
     values = invariant.project(attn.v_proj, normed).view(keys.shape) if attn.v_proj is not None else keys
     keys = fused.norm_rotary(keys, attn.k_norm.weight, eps, cos[None], sin[None])[0]  # (T, kvh, d)
-    values = _norm(attn.v_norm, values)[0]
+    return query, keys, _norm(attn.v_norm, values)[0]
+
+
+def by_stream(
+    streams: list[tuple[int, int]], query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """``before_attention``'s tensors cut per stream (rows, length): queries (B, L, H, d), keys and
+    values (B, L, kvh, d), as ``Attend`` takes them."""
     queries, stream_keys, stream_values, start = [], [], [], 0
     for rows, length in streams:
         span = slice(start, start + rows * length)
-        queries.append(query[span].view(rows, length, -1, attn.head_dim))  # (B, L, H, d)
-        stream_keys.append(keys[span].view(rows, length, -1, attn.head_dim))  # (B, L, kvh, d)
-        stream_values.append(values[span].view(rows, length, -1, attn.head_dim))
+        queries.append(query[span].view(rows, length, *query.shape[1:]))
+        stream_keys.append(keys[span].view(rows, length, *keys.shape[1:]))
+        stream_values.append(values[span].view(rows, length, *values.shape[1:]))
         start += rows * length
-    outputs = attention(index, queries, stream_keys, stream_values)
+    return queries, stream_keys, stream_values
+
+
+def merged(outputs: list[torch.Tensor], streams: list[tuple[int, int]]) -> torch.Tensor:
+    """The streams' attention outputs as one (T, H * d) matrix, in token order."""
     flat = [out.reshape(rows * length, -1) for out, (rows, length) in zip(outputs, streams, strict=True)]
-    merged = flat[0] if len(flat) == 1 else torch.cat(flat)
-    router = layer.router
+    return flat[0] if len(flat) == 1 else torch.cat(flat)
+
+
+def after_attention(layer: Layer, hidden: torch.Tensor, attended: torch.Tensor, feed_forward: bool) -> torch.Tensor:
+    """A layer's work after attention, per token: the output projection of ``attended`` (T, H * d) and
+    the residual, then (if ``feed_forward``) the dense MLP, the router, the experts and their residual."""
+    attn, router = layer.self_attn, layer.router
     hidden, dense_in, experts_in, router_in = fused.attention_residual(
         hidden,
-        invariant.project(attn.o_proj, merged),
+        invariant.project(attn.o_proj, attended),
         _weight(layer.post_attention_layernorm),
         _weight(layer.pre_feedforward_layernorm),
         _weight(layer.pre_feedforward_layernorm_2),
