@@ -56,6 +56,42 @@ def test_reads_queued_while_the_engine_is_busy_go_in_one_batch_with_the_same_res
         np.testing.assert_allclose(got.logits[0], expected.logits[0], atol=1e-4, rtol=1e-5)
 
 
+def test_a_call_waits_for_the_callers_back_from_the_last_one(smollm2: LoadedModel) -> None:
+    """Four callers that each ask again once answered: the first is read alone while the other three
+    queue. The three then wait for the first to ask again (four were waiting or running at once), and
+    all four reads go in one call; without the wait they would take turns, one then three, for good."""
+    decider = Decider(smollm2)
+    requests = reads(decider)
+    held = HeldEngine(decider.engine)
+    sizes: list[int] = []
+    batcher = BatchingEngine(held, observe=sizes.append, max_wait_s=2.0)
+
+    def twice(request: ReadRequest) -> None:
+        batcher.read([request])
+        batcher.read([request])
+
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(twice, requests[0])
+        assert held.entered.wait(30)
+        rest = [pool.submit(twice, request) for request in requests[1:4]]
+        wait_until(lambda: batcher.pending == 3)
+        held.release.set()
+        for future in [first, *rest]:
+            future.result(60)
+    # the last three second reads wait the 2 s for a fourth caller that is done, then go
+    assert sizes == [1, 4, 3]
+
+
+def test_a_lone_caller_never_waits(smollm2: LoadedModel) -> None:
+    sizes: list[int] = []
+    batcher = BatchingEngine(Decider(smollm2).engine, observe=sizes.append, max_wait_s=60.0)
+    requests = reads(Decider(smollm2))
+    started = time.monotonic()
+    for request in requests[:3]:
+        batcher.read([request])
+    assert sizes == [1, 1, 1] and time.monotonic() - started < 30
+
+
 class FailsOnSecond:
     """An engine whose read fails whenever the second request is in the batch."""
 
