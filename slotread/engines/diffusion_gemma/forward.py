@@ -40,7 +40,7 @@ from slotread.engines.diffusion_gemma.layer_attention import (
     visible_runs,
 )
 
-if TYPE_CHECKING:  # layer_graphs imports layer alone; the engine hands its LayerGraphs in
+if TYPE_CHECKING:  # layer_graphs imports graphs, which imports this module; the engine hands its LayerGraphs in
     from slotread.engines.diffusion_gemma.layer_graphs import LayerGraphs
 
 
