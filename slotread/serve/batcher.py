@@ -21,7 +21,9 @@ half again. Each call then reads half of what it could: W1 at concurrency 32 on 
 of ~16 decisions, 75 decisions/s, where the engine alone reads 129 in calls of 32 (bench/RESULTS.md).
 So a call that follows another at once waits until as many callers are queued as were waiting or
 running at once during the last call, for at most a tenth of that call's time (50 ms at most). A lone
-caller never waits, nor does one that finds the engine idle since longer than a call.
+caller never waits, nor does one that finds the engine idle since longer than a call. Where callers
+do not come back (independent requests, which a wait cannot merge), a wait that got fewer than half
+of those it waited for stops the waits for the next ``GATHER_BACKOFF`` calls.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from slotread.engines.thought import Thinker, ThoughtRequest
 #: how long a call may wait for callers to queue: this share of the last call's time, and at most MAX_GATHER_S
 GATHER_SHARE = 0.1
 MAX_GATHER_S = 0.05
+#: the calls that start without a wait after a wait that got fewer than half of the callers it waited for
+GATHER_BACKOFF = 16
 
 
 @dataclass(eq=False)
@@ -78,6 +82,7 @@ class BatchingEngine:
         self._most = 0  # the most jobs waiting or running at once since the last call began
         self._last_call_s = 0.0  # how long the last engine call took, and when it ended
         self._ended = 0.0
+        self._skip = 0  # calls left to start without a wait (``GATHER_BACKOFF``)
         self._busy = False
         self._lock = threading.Lock()
         self._queued = threading.Condition(self._lock)  # notified whenever a job is queued
@@ -148,16 +153,22 @@ class BatchingEngine:
     def _gather(self) -> None:
         """Wait, the lock held, until as many jobs are queued as were waiting or running at once during
         the last call (its callers, answered, ask again), or until the wait is over; not after the
-        engine sat idle for longer than that call (the module docstring says why)."""
+        engine sat idle for longer than that call, nor for a while after a wait that got fewer than
+        half of those it waited for (the module docstring says why)."""
         now = time.monotonic()
-        if now - self._ended > self._last_call_s:
+        if now - self._ended > self._last_call_s or len(self._pending) >= self._most:
+            return
+        if self._skip:
+            self._skip -= 1
             return
         wait = self._max_wait_s
         if wait is None:
             wait = min(MAX_GATHER_S, GATHER_SHARE * self._last_call_s)
-        deadline = now + wait
+        deadline, queued = now + wait, len(self._pending)
         while len(self._pending) < self._most and (left := deadline - time.monotonic()) > 0:
             self._queued.wait(left)
+        if 2 * (len(self._pending) - queued) < self._most - queued:
+            self._skip = GATHER_BACKOFF
 
     def _run(self, batch: list[_Job]) -> None:
         """Run ``batch`` (all reads or all thoughts) in one engine call; if it raises, each job alone."""

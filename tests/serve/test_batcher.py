@@ -82,6 +82,35 @@ def test_a_call_waits_for_the_callers_back_from_the_last_one(smollm2: LoadedMode
     assert sizes == [1, 4, 3]
 
 
+def test_callers_that_do_not_come_back_stop_the_waits(smollm2: LoadedModel) -> None:
+    """Independent requests (each caller reads once): a call waits for a fourth caller that never
+    comes (3 s), after which the next such calls start at once."""
+    decider = Decider(smollm2)
+    requests = reads(decider)
+    held = HeldEngine(decider.engine)
+    sizes: list[int] = []
+    batcher = BatchingEngine(held, observe=sizes.append, max_wait_s=3.0)
+
+    def burst(pool: ThreadPoolExecutor, batch: list[ReadRequest]) -> float:
+        """One read held while three more queue: the seconds from the release until all four are read."""
+        held.entered.clear()
+        held.release.clear()
+        first = pool.submit(batcher.read, batch[:1])
+        assert held.entered.wait(30)
+        rest = [pool.submit(batcher.read, [request]) for request in batch[1:]]
+        wait_until(lambda: batcher.pending == 3)
+        released = time.monotonic()
+        held.release.set()
+        for future in [first, *rest]:
+            future.result(60)
+        return time.monotonic() - released
+
+    with ThreadPoolExecutor(4) as pool:
+        assert burst(pool, requests[:4]) >= 3.0  # waited for the first caller, who was done
+        assert burst(pool, requests[1:5]) < 3.0
+    assert sizes == [1, 3, 1, 3]
+
+
 def test_a_lone_caller_never_waits(smollm2: LoadedModel) -> None:
     sizes: list[int] = []
     batcher = BatchingEngine(Decider(smollm2).engine, observe=sizes.append, max_wait_s=60.0)
