@@ -15,7 +15,7 @@ hides from them, and the canvases' masks hide them in turn. A graph reads static
 prompt KV, refreshed before a replay unless they hold that prompt already (a device copy, ~0.1 ms
 for a 1,600-token prompt). A bucket is captured the second time it is asked for: a shape seen once
 runs eagerly rather than paying a capture. After a capture the process's objects are frozen out of
-the cycle collector (``settle``): what compiling leaves behind made a full collection a 260-410 ms
+the cycle collector (``_settle``): what compiling leaves behind made a full collection a 260-410 ms
 stall.
 """
 
@@ -223,19 +223,9 @@ class ForwardGraphs:
             self._load(name, tensor)
             self._users[name] += 1
         prompts = [[self._shared[name] for name in shared if name[0] == part] for part in range(len(kv))]
-        # warm up on a side stream (compiles the fused kernels for these shapes), then capture
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                forward(static, prompts)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = forward(static, prompts)
+        graph, outputs = captured(lambda: forward(static, prompts), self._pool)
         logger.info("captured a CUDA graph: %s", key[:4])
         self.captures += 1
-        settle()
         return _Graph(graph, static, outputs, shared)
 
     def _load(self, name: tuple[object, ...], source: torch.Tensor) -> None:
@@ -257,7 +247,24 @@ class ForwardGraphs:
                 self._loaded.pop(name, None)
 
 
-def settle() -> None:
+def captured(run: Callable[[], Any], pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``run()`` captured as a CUDA graph in ``pool``, and what it returned (tensors the graph writes
+    on each replay): run twice first on a side stream (compiling the fused kernels for these shapes),
+    then captured; then ``_settle``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    _settle()
+    return graph, outputs
+
+
+def _settle() -> None:
     """Move every object alive now out of the cycle collector's generations, for good: compiling and
     capturing leave ~600k objects (functions, guards, graphs) that live as long as the process, and a
     full collection scanning them took 260-410 ms, once every ~40 batches at (d) c=32 on an H200 host

@@ -34,7 +34,7 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
     DiffusionGemmaEncoderTextModel,
 )
 
-from slotread.engines.diffusion_gemma.graphs import settle
+from slotread.engines.diffusion_gemma.graphs import captured
 from slotread.engines.diffusion_gemma.layer import (
     Attend,
     Layer,
@@ -152,33 +152,19 @@ class LayerGraphs:
                 piece()
                 return
             try:
-                graph = self._capture(piece)
+                graph, _ = captured(piece, self._pool)
             except RuntimeError:  # a kernel that cannot be captured here: eager from now on
                 logger.warning("CUDA graph capture of a layer piece failed; running eagerly", exc_info=True)
                 self._failed = True
                 piece()
                 return
+            self.captures += 1
             self._graphs[key] = graph
             while len(self._graphs) > self._max_graphs:
                 self._graphs.popitem(last=False)
         self._graphs.move_to_end(key)
         graph.replay()
         self.replays += 1
-
-    def _capture(self, piece: Callable[[], None]) -> torch.cuda.CUDAGraph:
-        # warm up on a side stream (compiles the fused kernels for this token count), then capture
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                piece()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            piece()
-        self.captures += 1
-        settle()
-        return graph
 
     def _buffers_like(
         self, layers: list[Layer], hidden: torch.Tensor, rotary: dict[str, tuple[torch.Tensor, torch.Tensor]]
