@@ -109,19 +109,14 @@ def main() -> None:
         flush=True,
     )
 
-    engine = DiffusionGemmaEngine(
-        model, prefix_cache=PrefixCache(40 * 2**30), max_canvases=128, max_encode_tokens=16384
-    )
+    # every engine with the rows per forward `slotread serve` gives it on a GPU (settings.GPU_BATCH),
+    # so the modes differ by their mode alone
+    rows = {"max_canvases": 128, "max_encode_tokens": 128 * 128}
+    engine = DiffusionGemmaEngine(model, prefix_cache=PrefixCache(40 * 2**30), **rows)
     naive = Naive(model)
-    strict = DiffusionGemmaEngine(model, prefix_cache=engine.prefix_cache, deterministic=True)
+    strict = DiffusionGemmaEngine(model, prefix_cache=engine.prefix_cache, deterministic=True, **rows)
     # new states encoded in a forward of their own, then their canvases: the engine before joint encoding
-    apart = DiffusionGemmaEngine(
-        model,
-        prefix_cache=engine.prefix_cache,
-        max_canvases=128,
-        max_encode_tokens=16384,
-        fast=FastPaths(joint_encode=False),
-    )
+    apart = DiffusionGemmaEngine(model, prefix_cache=engine.prefix_cache, fast=FastPaths(joint_encode=False), **rows)
     schema = [ids(generator, 1500) for _ in range(3)]
     cached_prompt = (schema[0], ids(generator, 100))
 

@@ -11,7 +11,8 @@ concurrency runs a client in a separate process: C workers post decisions back t
 its ``retry-after-ms``, as the official SDK does), first for ``--warmup`` seconds, then timed for
 ``--seconds``. Around the timed phase the client reads the server's ``/metrics``: the engine's prefix
 cache hits and misses, prompt and canvas tokens computed, CUDA graph captures (of whole forwards and
-of layer pieces), and the process's CPU time, each per decision; behind a gateway also the replicas'
+of layer pieces), and the process's CPU time, each per decision, and how busy the engine was (its
+seconds in calls over wall time) with the decisions per engine call; behind a gateway also the replicas'
 CPU time (``/proc/PID/stat``; they run on this host). ``--profile`` samples the server's (and
 replicas') stacks with py-spy through each timed phase, busy threads and the GIL's holder, and prints
 where they were (``bench/stack_profile.py``).
@@ -381,21 +382,24 @@ def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], 
     new = counters.get("slotread_engine_prompt_tokens", 0) + counters.get("slotread_engine_canvas_tokens", 0)
     share = new / decisions * rate * 2 * args.active_params / (args.peak_tflops * 1e12) if new else 0.0
     statuses = " ".join(f"{k}:{v}" for k, v in sorted(result["statuses"].items()))
+    # how busy the in-process engine was and how many decisions an engine call merged (a gateway has none)
+    busy, calls = counters.get("slotread_engine_busy_seconds"), counters.get("slotread_engine_batches")
+    engine = f"{busy / result['elapsed']:.0%} / {decisions / calls:.1f}" if busy is not None and calls else "-"
     return (
         f"| {topology} | {workload} | {concurrency} | {rate:.1f} | {percentile(latencies, 0.5) * 1000:.0f} | "
         f"{percentile(latencies, 0.99) * 1000:.0f} | {statuses} | {new / decisions:.0f} | {share:.1%} | "
         f"{per('slotread_engine_prefix_cache_hits')} / {per('slotread_engine_prefix_cache_misses')} | "
         f"{counters.get('slotread_engine_graph_captures', 0):.0f} / "
         f"{counters.get('slotread_engine_layer_graph_captures', 0):.0f} | {per('process_cpu_seconds_total', 1000)} | "
-        f"{per('replica_cpu_seconds', 1000)} | {per('slotread_engine_vision_runs')} |"
+        f"{per('replica_cpu_seconds', 1000)} | {engine} | {per('slotread_engine_vision_runs')} |"
     )
 
 
 HEADER = (
     "| topology | workload | c | decisions/s | p50 ms | p99 ms | statuses | new tokens/dec | bf16 peak | "
     "cache hits / misses per dec | graph captures: forwards / layer pieces | host CPU ms/dec | "
-    "replica CPU ms/dec | vision runs/dec |\n"
-    "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"
+    "replica CPU ms/dec | engine busy / decisions per call | vision runs/dec |\n"
+    "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"
 )
 
 

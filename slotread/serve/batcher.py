@@ -61,10 +61,10 @@ class BatchingEngine:
     """An ``Engine`` that serialises and merges concurrent ``read`` and ``think`` calls to ``engine``."""
 
     def __init__(
-        self, engine: Engine, observe: Callable[[int], None] | None = None, max_wait_s: float | None = None
+        self, engine: Engine, observe: Callable[[int, float], None] | None = None, max_wait_s: float | None = None
     ) -> None:
         self.engine = engine
-        #: called with the number of reads of every engine call (metrics)
+        #: called after every engine read call with its number of reads and its seconds (metrics)
         self._observe = observe
         #: the longest a call waits for callers to queue (``_gather``); None: a tenth of the last call's time, at
         #: most MAX_GATHER_S
@@ -178,11 +178,13 @@ class BatchingEngine:
                 assert isinstance(self.engine, Thinker)
                 results: list[Any] = self.engine.think(merged)
             else:
-                if self._observe is not None:
-                    self._observe(len(merged))
                 started = time.monotonic()
-                results = self.engine.read(merged)
-                self._last_call_s = time.monotonic() - started
+                try:
+                    results = self.engine.read(merged)
+                finally:
+                    self._last_call_s = time.monotonic() - started
+                    if self._observe is not None:
+                        self._observe(len(merged), self._last_call_s)
         except Exception as exc:
             if len(batch) == 1:
                 batch[0].error, batch[0].finished = exc, True

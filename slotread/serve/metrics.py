@@ -50,6 +50,8 @@ class Metrics:
         self.questions = Counter("slotread_questions", "questions answered", registry=self.registry)
         self.reads = Counter("slotread_reads", "reads sent to the engine", registry=self.registry)
         self.batches = Counter("slotread_engine_batches", "engine calls (merged batches)", registry=self.registry)
+        # busy seconds over wall seconds: whether the engine or what feeds it holds throughput back
+        self.busy = Counter("slotread_engine_busy_seconds", "time spent in engine calls", registry=self.registry)
         self.queue_depth = Gauge("slotread_queue_depth", "decisions waiting for a slot", registry=self.registry)
         self.running = Gauge("slotread_running", "decisions holding a slot", registry=self.registry)
         self.pending_reads = Gauge("slotread_pending_reads", "reads waiting for the engine", registry=self.registry)
@@ -73,10 +75,11 @@ class Metrics:
         """Report the upstream replicas' state, read from the pool at scrape time."""
         self.registry.register(_ReplicaCollector(stats))
 
-    def observe_batch(self, reads: int) -> None:
-        """Count one engine call of ``reads`` reads."""
+    def observe_batch(self, reads: int, seconds: float) -> None:
+        """Count one engine call of ``reads`` reads that took ``seconds``."""
         self.batches.inc()
         self.reads.inc(reads)
+        self.busy.inc(seconds)
 
 
 class _ReplicaCollector(Collector):

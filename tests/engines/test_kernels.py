@@ -74,6 +74,26 @@ worst["attend"] = (out - torch.softmax(scores, -1) @ values).abs().max().item()
 worst["attend_lse"] = (lse - want_lse).abs().max().item()
 alone, alone_lse = kernels.attend(query[1:, :, 20:29], keys[1:, :, :70], values[1:, :, :70], None)
 worst["attend_invariant"] = torch.equal(alone, out[1:, :, 20:29]) and torch.equal(alone_lse, lse[1:, :, 20:29])
+
+# attention over parts: 5 rows reading 3 prompts of 100, 37 (a view past 13 held keys, as a sliding
+# layer's skip slices) and 64 keys, 2, 1 and 2 rows each; each row's output is the bits ``attend``
+# gives it over its own part alone
+held = torch.randn(1, 2, 50, 72)
+part_keys = [keys[:1], held[:, :, 13:], torch.randn(1, 2, 64, 72)]
+part_values = [values[:1], torch.randn(1, 2, 50, 72)[:, :, 13:], torch.randn(1, 2, 64, 72)]
+rows_query = torch.randn(5, 2, 40, 72)
+parts_out, parts_lse = kernels.attend_parts(rows_query, part_keys, part_values, [2, 1, 2])
+firsts = [0, 2, 3]
+alone = [
+    kernels.attend(rows_query[r : r + 1], k, v, None)
+    for k, v, first, count in zip(part_keys, part_values, firsts, [2, 1, 2])
+    for r in range(first, first + count)
+]
+worst["attend_parts_invariant"] = torch.equal(parts_out, torch.cat([o for o, _ in alone])) and torch.equal(
+    parts_lse, torch.cat([l for _, l in alone])
+)
+want = torch.softmax(rows_query[2:3] @ part_keys[1].transpose(-1, -2), -1) @ part_values[1]
+worst["attend_parts"] = (parts_out[2:3] - want).abs().max().item()
 print(json.dumps(worst))
 """
 
@@ -97,3 +117,5 @@ def test_kernels_match_the_torch_maths_in_the_interpreter() -> None:
     assert worst["attend"] < 1e-4
     assert worst["attend_lse"] < 1e-4
     assert worst["attend_invariant"]
+    assert worst["attend_parts"] < 1e-4
+    assert worst["attend_parts_invariant"]

@@ -249,6 +249,7 @@ def test_metrics_count_the_engines_work(tiny_diffusion: LoadedModel) -> None:
     assert values["slotread_engine_prompt_tokens_total"] > 0 and values["slotread_engine_canvas_tokens_total"] > 0
     assert values["slotread_engine_prefix_cache_misses_total"] > 0
     assert values["slotread_engine_graph_captures_total"] == 0  # no CUDA here
+    assert values["slotread_engine_batches_total"] >= 1 and values["slotread_engine_busy_seconds_total"] > 0
     assert values["process_cpu_seconds_total"] > 0
 
 

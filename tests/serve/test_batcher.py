@@ -41,7 +41,7 @@ def test_reads_queued_while_the_engine_is_busy_go_in_one_batch_with_the_same_res
     alone = [decider.engine.read([r])[0] for r in requests]
     held = HeldEngine(decider.engine)
     sizes: list[int] = []
-    batcher = BatchingEngine(held, observe=sizes.append)
+    batcher = BatchingEngine(held, observe=lambda reads, seconds: sizes.append(reads))
     calls = [[requests[0]], [requests[1]], [requests[2], requests[3]], [requests[4]]]
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(batcher.read, calls[0])
@@ -64,7 +64,7 @@ def test_a_call_waits_for_the_callers_back_from_the_last_one(smollm2: LoadedMode
     requests = reads(decider)
     held = HeldEngine(decider.engine)
     sizes: list[int] = []
-    batcher = BatchingEngine(held, observe=sizes.append, max_wait_s=2.0)
+    batcher = BatchingEngine(held, observe=lambda reads, seconds: sizes.append(reads), max_wait_s=2.0)
 
     def twice(request: ReadRequest) -> None:
         batcher.read([request])
@@ -89,7 +89,7 @@ def test_callers_that_do_not_come_back_stop_the_waits(smollm2: LoadedModel) -> N
     requests = reads(decider)
     held = HeldEngine(decider.engine)
     sizes: list[int] = []
-    batcher = BatchingEngine(held, observe=sizes.append, max_wait_s=3.0)
+    batcher = BatchingEngine(held, observe=lambda reads, seconds: sizes.append(reads), max_wait_s=3.0)
 
     def burst(pool: ThreadPoolExecutor, batch: list[ReadRequest]) -> float:
         """One read held while three more queue: the seconds from the release until all four are read."""
@@ -113,7 +113,9 @@ def test_callers_that_do_not_come_back_stop_the_waits(smollm2: LoadedModel) -> N
 
 def test_a_lone_caller_never_waits(smollm2: LoadedModel) -> None:
     sizes: list[int] = []
-    batcher = BatchingEngine(Decider(smollm2).engine, observe=sizes.append, max_wait_s=60.0)
+    batcher = BatchingEngine(
+        Decider(smollm2).engine, observe=lambda reads, seconds: sizes.append(reads), max_wait_s=60.0
+    )
     requests = reads(Decider(smollm2))
     started = time.monotonic()
     for request in requests[:3]:

@@ -14,8 +14,9 @@ Each kernel computes a row from that row's inputs only, in a fixed order: result
 the batch around a row, and there are no atomics. The batch-invariant forward (``invariant.py``)
 adds three made for that alone, with tiles fixed whatever the shape: ``linear`` (the projections),
 ``tiled_grouped`` (the experts, each expert's rows in parallel tiles) and ``attend`` (attention with
-its log-sum-exp, keys in fixed blocks from the first). On an H200 they made a deterministic batch of
-64 canvases 0.59x as fast as the batched engine's (bench/RESULTS.md).
+its log-sum-exp, keys in fixed blocks from the first; ``attend_parts``, the same kernel over rows that
+each read their own prompt's KV where it lies). On an H200 the deterministic engine reads a batch of
+64 canvases at 0.69x and 32 decisions at 0.66x the batched engine's rate (bench/RESULTS.md).
 
 Triton is optional: without it (CPU-only installs) ``AVAILABLE`` is False and the callers run the
 same maths in torch. With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors, which is how the
@@ -194,6 +195,7 @@ if triton is not None:
         keys,
         values,
         bias,
+        parts,
         queries,
         length,
         heads,
@@ -211,6 +213,7 @@ if triton is not None:
         b1,
         b2,
         HAS_BIAS: tl.constexpr,
+        PAGED: tl.constexpr,
         BLOCK_Q: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
@@ -218,6 +221,13 @@ if triton is not None:
         row = tl.program_id(1).to(tl.int64)  # over (B, kvh)
         b = row // heads
         h = row % heads
+        if PAGED:  # row b's keys and values where ``attend_parts``' table says
+            entry = parts + b * 7
+            k_at, k1, k2 = tl.load(entry), tl.load(entry + 1), tl.load(entry + 2)
+            v_at, v1, v2 = tl.load(entry + 3), tl.load(entry + 4), tl.load(entry + 5)
+            length = tl.load(entry + 6)
+        else:
+            k_at, v_at = b * k0, b * v0
         q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
         d = tl.arange(0, BLOCK_D)
         inside = q < queries
@@ -233,7 +243,7 @@ if triton is not None:
             s = s0 + tl.arange(0, BLOCK_S)
             seen = s < length
             kv_mask = seen[:, None] & (d[None, :] < dim)
-            k = tl.load(keys + b * k0 + h * k1 + s[:, None] * k2 + d[None, :], mask=kv_mask, other=0.0)
+            k = tl.load(keys + k_at + h * k1 + s[:, None] * k2 + d[None, :], mask=kv_mask, other=0.0)
             scores = tl.dot(x, tl.trans(k))
             if HAS_BIAS:
                 scores += tl.load(
@@ -248,7 +258,7 @@ if triton is not None:
             weights = tl.exp(scores - top[:, None])
             rescale = tl.exp(peak - top)
             total = total * rescale + tl.sum(weights, 1)
-            v = tl.load(values + b * v0 + h * v1 + s[:, None] * v2 + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(values + v_at + h * v1 + s[:, None] * v2 + d[None, :], mask=kv_mask, other=0.0)
             acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
             peak = top
         place = (b * heads + h) * queries + q
@@ -352,9 +362,58 @@ def attend(
     after its own (flash attention splits the keys by the batch's size; the fused kernels pick their
     tiles by shape). Returns the output (B, kvh, Q, d) in the query's dtype and the LSE (B, kvh, Q)."""
     assert triton is not None
+    keys, values = _unit_stride(keys), _unit_stride(values)
+    strides = (keys.shape[2], *keys.stride()[:3], *values.stride()[:3])
+    return _attend(query, keys, values, bias, strides, None)
+
+
+def attend_parts(
+    query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], rows: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attend`` for rows that read different keys and values, in one launch: query (B, kvh, Q, d);
+    part p's keys and values (1, kvh, S_p, d), each of its own length and strides, are read where
+    they lie by the next ``rows[p]`` rows (a table of offsets, strides and lengths). The same kernel
+    as ``attend``, so a query's output is bit-identical whichever of the two ran it: a decoder step
+    whose reads each attend to their own prompt (the deterministic mode) takes one launch a layer
+    instead of one per prompt. Never inside a CUDA graph capture: the table is copied from the host."""
+    assert triton is not None and not (query.is_cuda and torch.cuda.is_current_stream_capturing())
+    keys, values = [_unit_stride(t) for t in keys], [_unit_stride(t) for t in values]
+    size = keys[0].element_size()
+    entries = [
+        (
+            (k.data_ptr() - keys[0].data_ptr()) // size,
+            k.stride(1),
+            k.stride(2),
+            (v.data_ptr() - values[0].data_ptr()) // size,
+            v.stride(1),
+            v.stride(2),
+            k.shape[2],
+        )
+        for k, v, count in zip(keys, values, rows, strict=True)
+        for _ in range(count)
+    ]
+    table = torch.tensor(entries, dtype=torch.int64)
+    table = (table.pin_memory() if query.is_cuda else table).to(query.device, non_blocking=True)
+    return _attend(query, keys[0], values[0], None, (0,) * 7, table)
+
+
+def _unit_stride(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor | None,
+    strides: tuple[int, ...],
+    table: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch ``_attention_kernel``: row b's keys and values at b times the batch strides of ``strides``
+    (length, then the keys' and the values' batch, head and position strides), or where row b of
+    ``table`` says (``attend_parts``)."""
+    query = _unit_stride(query)
     batch, heads, queries, dim = query.shape
-    length = keys.shape[2]
-    query, keys, values = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, keys, values))
     out = query.new_empty((batch, heads, queries, dim))
     lse = torch.empty((batch, heads, queries), device=query.device, dtype=torch.float32)
     if not out.numel():
@@ -362,15 +421,28 @@ def attend(
     if bias is None:
         bias_strides, has_bias, bias = (0, 0, 0), False, query
     else:
-        bias = bias.expand(batch, 1, queries, length)
+        bias = bias.expand(batch, 1, queries, keys.shape[2])
         bias_strides, has_bias = (bias.stride(0), bias.stride(2), bias.stride(3)), True
     wide = dim > 256  # the full layers' 512: smaller tiles keep the float32 accumulator in registers
     block_q, block_s = (16, 32) if wide else (32, 64)
     grid = (triton.cdiv(queries, block_q), batch * heads)
-    strides = (*query.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *bias_strides)
     blocks = {"BLOCK_Q": block_q, "BLOCK_S": block_s, "BLOCK_D": max(16, triton.next_power_of_2(dim))}
-    tensors, sizes = (out, lse, query, keys, values, bias), (queries, length, heads, dim)
-    _attention_kernel[grid](*tensors, *sizes, *strides, HAS_BIAS=has_bias, **blocks, num_warps=4)
+    length, *kv_strides = strides
+    tensors = (out, lse, query, keys, values, bias, query if table is None else table)
+    _attention_kernel[grid](
+        *tensors,
+        queries,
+        length,
+        heads,
+        dim,
+        *query.stride()[:3],
+        *kv_strides,
+        *bias_strides,
+        HAS_BIAS=has_bias,
+        PAGED=table is not None,
+        **blocks,
+        num_warps=4,
+    )
     return out, lse
 
 

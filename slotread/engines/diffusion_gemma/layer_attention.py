@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from slotread.engines.diffusion_gemma import invariant, kernels
 from slotread.engines.diffusion_gemma.attention import (
     MASKED,
     attend,
@@ -195,7 +196,8 @@ def shared_attention(
     row_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each part's rows' queries (B, kvh, g * L, d) against the part's KV, as one batch-1 attention
-    per part; returns the output and the LSE for all rows.
+    per part (in a batch-invariant forward without ``window`` or ``row_bias``, every part in one
+    launch: ``kernels.attend_parts``); returns the output and the LSE for all rows.
 
     With ``window`` (an encoder's sliding layer, rows of ``new`` tokens) query t hides the held keys
     more than ``window - 1`` positions before it: held key j sits ``held - j`` positions before new
@@ -203,6 +205,11 @@ def shared_attention(
     additive bias over its part's keys.
     """
     kv_heads, queries, dim = by_kv_head.shape[1], by_kv_head.shape[2], by_kv_head.shape[3]
+    if len(parts) > 1 and window is None and row_bias is None and invariant.active(by_kv_head):
+        # each row reads its own part where it lies (the deterministic mode's reads each attend to
+        # their whole prompt: a part per prompt, 32 a layer for 32 decisions)
+        part_keys, part_values = [part.keys[index] for part in parts], [part.values[index] for part in parts]
+        return kernels.attend_parts(by_kv_head, part_keys, part_values, [part.rows for part in parts])
     outs, lses, row = [], [], 0
     for part in parts:
         keys, values = part.keys[index], part.values[index]
