@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -143,15 +143,14 @@ def free_port() -> int:
 
 
 def start(
-    command: list[str], log: Path, env: dict[str, str] | None = None, profile: Path | None = None
+    command: list[str], log: Path, env: dict[str, str] | None = None, wrapper: Sequence[str] = ()
 ) -> subprocess.Popen[bytes]:
     """A ``slotread`` subcommand as its own process (in its own session, so it can be stopped whole);
-    ``profile``: run it under ``stack_profile.py``'s sampler, which writes its snapshots there."""
+    ``wrapper``: a script and its arguments that run the CLI's module in turn (``call_profile.py``)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    sampler = [str(Path(__file__).with_name("stack_profile.py")), str(profile)] if profile else []
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, *sampler, "-m", "slotread.cli", *command],
+            [sys.executable, *wrapper, "-m", "slotread.cli", *command],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

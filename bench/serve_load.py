@@ -15,7 +15,10 @@ of layer pieces), and the process's CPU time, each per decision, and how busy th
 seconds in calls over wall time) with the decisions per engine call; behind a gateway also the replicas'
 CPU time (``/proc/PID/stat``; they run on this host). ``--profile`` samples the server's (and
 replicas') stacks with py-spy through each timed phase, busy threads and the GIL's holder, and prints
-where they were (``bench/stack_profile.py``).
+where they were (``bench/stack_profile.py``). ``--torch-profile N`` starts each process that runs an
+engine through ``bench/call_profile.py`` and has it profile N engine calls from each timed phase's
+start with torch's profiler: per call its reads, its time and the gap before it, the top kernels, and
+where the GPU sat idle (the profiler slows the host; time and profile in separate runs).
 ``--engine-only`` then loads the model in this process and times ``Engine.read`` alone on the reads the
 Decider renders for the same requests (a diagnostic).
 
@@ -354,6 +357,8 @@ def client_main(args: argparse.Namespace) -> None:
         for gil in (False, True):
             path = args.profile_to.with_name(f"{args.profile_to.name}-{name}{'-gil' if gil else ''}.txt")
             spies[path] = stack_profile.record(int(pid), args.seconds - 1, path, gil)
+    for pid in args.arm_pids:  # ``call_profile.py``: profile the next engine calls
+        os.kill(pid, signal.SIGUSR1)
     result = asyncio.run(drive(args.url, args.workload, args.concurrency, args.seconds, seed=2))
     after = scrape(args.url)
     result["profiles"] = []
@@ -411,6 +416,32 @@ def profiled(
     return ",".join(f"{name}={process.pid}" for name, process in named) if args.profile else ""
 
 
+def profiling(args: argparse.Namespace, report: Path) -> list[str]:
+    """``start``'s wrapper for a process running an engine under ``--torch-profile``."""
+    if not args.torch_profile:
+        return []
+    report.unlink(missing_ok=True)
+    return [str(Path(__file__).with_name("call_profile.py")), str(args.torch_profile), str(report)]
+
+
+def torch_profiles(reports: list[Path], calls: int) -> str:
+    """The sections the armed processes appended to ``reports`` for the row just run (waiting up to a
+    minute for ``calls`` engine calls to finish them), as text; each file's sections are then moved
+    aside so the next row starts empty."""
+    texts = []
+    for report in reports:
+        deadline = time.monotonic() + 60
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not report.exists():
+            texts.append(f"{report.name}: no profile ({calls} engine calls did not happen within a minute)")
+            continue
+        text = report.read_text()
+        report.unlink()
+        texts.append(f"{report.name}:\n{text}")
+    return "\n".join(texts)
+
+
 def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -429,6 +460,7 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                     ["engine", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(engine_port)],
                     engine_log,
                     env,
+                    profiling(args, out / f"engine-{replica}-torch.md"),
                 )
                 processes.append(engine)
                 replicas.append(engine)
@@ -438,7 +470,9 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
         else:
             command = ["serve", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(port)]
         log = out / f"{topology}.log"
-        server = start(command, log)
+        server = start(command, log, wrapper=() if replicas else profiling(args, out / f"{topology}-torch.md"))
+        reports = [out / f"engine-{k}-torch.md" for k in range(len(replicas))] or [out / f"{topology}-torch.md"]
+        armed = list(replicas or [server]) if args.torch_profile else []
         processes.append(server)
         started = time.monotonic()
         wait_ready(url, server, log)
@@ -470,6 +504,8 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                         str(args.warmup),
                         "--replica-pids",
                         ",".join(str(replica.pid) for replica in replicas),
+                        "--arm-pids",
+                        ",".join(str(process.pid) for process in armed),
                         "--profile",
                         profiled(args, topology, server, replicas),
                         "--profile-to",
@@ -483,6 +519,10 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                 (out / f"{topology}-{workload}-c{concurrency}.json").write_text(json.dumps(result))
                 rows.append(row(topology, workload, concurrency, result, args))
                 for text in result.get("profiles", []):
+                    print(text, file=sys.stderr, flush=True)
+                if armed:
+                    text = torch_profiles(reports, args.torch_profile)
+                    (out / f"{topology}-{workload}-c{concurrency}-torch.md").write_text(text + "\n")
                     print(text, file=sys.stderr, flush=True)
                 if args.kill_replica_after is not None and topology == "gateway":
                     print(
@@ -570,6 +610,7 @@ def main() -> None:
         parser.add_argument("--seconds", type=float, required=True)
         parser.add_argument("--warmup", type=float, required=True)
         parser.add_argument("--replica-pids", default="", type=lambda s: [int(pid) for pid in s.split(",") if pid])
+        parser.add_argument("--arm-pids", default="", type=lambda s: [int(pid) for pid in s.split(",") if pid])
         parser.add_argument("--profile", default="", type=lambda s: dict(p.split("=", 1) for p in s.split(",") if p))
         parser.add_argument("--profile-to", type=Path)
         client_main(parser.parse_args())
@@ -594,6 +635,13 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="py-spy on the server (and replicas) in each timed phase (needs py-spy)",
+    )
+    parser.add_argument(
+        "--torch-profile",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="torch-profile this many engine calls of each process running an engine, from each timed phase's start",
     )
     parser.add_argument("--engine-only", action="store_true", help="then time Engine.read alone on the same reads")
     parser.add_argument("--engine-batches", type=int, default=5, help="timed batches per engine-only row")

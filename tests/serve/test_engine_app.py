@@ -152,7 +152,7 @@ def test_concurrent_reads_go_to_the_engine_in_one_batch(tiny_diffusion: LoadedMo
     alone = [served.engine.read([request])[0] for request in requests]
     held = HeldEngine(served.engine)
     sizes: list[int] = []
-    batcher = BatchingEngine(held, observe=sizes.append)
+    batcher = BatchingEngine(held, observe=lambda reads, seconds: sizes.append(reads))
     app = create_engine_app(ServedEngine(served.name, batcher, served.vocab_size))
     with live_server(app, ready=False) as live, live.client() as client, ThreadPoolExecutor(5) as pool:
         first = pool.submit(read_remote, client, requests[0], served)
@@ -182,7 +182,11 @@ def test_a_batch_body_is_read_in_one_engine_call(tiny_diffusion: LoadedModel) ->
     flat = [body for request_bodies in bodies for body in request_bodies]
     assert len(flat) == 4
     sizes: list[int] = []
-    app = create_engine_app(ServedEngine(served.name, BatchingEngine(served.engine, sizes.append), served.vocab_size))
+    app = create_engine_app(
+        ServedEngine(
+            served.name, BatchingEngine(served.engine, lambda reads, seconds: sizes.append(reads)), served.vocab_size
+        )
+    )
     with TestClient(app) as client:
         response = client.post("/v1/completions", json=batch_body(flat))
     assert response.status_code == 200, response.text
