@@ -84,12 +84,16 @@ class CallProfiler:
         def session() -> None:
             cuda = torch.cuda.is_available()
             activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-            with profile(activities=activities, experimental_config=_ExperimentalConfig(profile_all_threads=True)) as p:
-                started.set()
-                done.wait()
-                if cuda:
-                    torch.cuda.synchronize()
-            self._write(p, rows)
+            try:
+                everyone = _ExperimentalConfig(profile_all_threads=True)
+                with profile(activities=activities, experimental_config=everyone) as profiled:
+                    started.set()
+                    done.wait()
+                    if cuda:
+                        torch.cuda.synchronize()
+                self._write(profiled, rows)
+            finally:
+                started.set()  # a profiler that failed to start must not hold the engine call
 
         threading.Thread(target=session, name="call-profile", daemon=True).start()
         started.wait()
