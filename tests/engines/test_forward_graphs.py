@@ -189,3 +189,24 @@ def test_graph_tokens_pad_each_parents_rows_and_canvases_apart() -> None:
             boundaries[read.prompt_ids] = {len(schema): kv}
             requests += [read] * canvases
     assert read_plan.graph_tokens(requests, deferred, boundaries) == 3 * 9 + 6 * 6 + 6 * 9 + 6 * 6
+
+
+def test_a_chunk_too_large_for_a_graph_goes_in_forwards_of_whole_parents_that_fit_one() -> None:
+    """Four parents of 3 states (9 new tokens) of one canvas of 6 each: a parent's part is 3 x 9 + 3 x 6
+    = 45 graph tokens. Within 100, two parents share a forward; within 135, three, then the last alone;
+    within 44, none fits, so one each."""
+    requests, deferred, boundaries = [], {}, {}
+    for part in range(4):
+        schema = tuple(range(100 * part, 100 * part + 10))
+        kv = PrefixKV(keys=(torch.zeros(1, 1, 10, 2),), values=(torch.zeros(1, 1, 10, 2),))
+        for state in range(3):
+            read = ReadRequest((schema, tuple(range(1000 + 50 * state, 1009 + 50 * state))), (1,) * 6, ())
+            deferred[read.prompt_ids] = len(schema)
+            boundaries[read.prompt_ids] = {len(schema): kv}
+            requests.append(read)
+    chunk = list(range(len(requests)))
+    assert read_plan.graph_tokens(requests[:3], deferred, boundaries) == 45
+    assert read_plan.by_parent(chunk, requests, deferred, boundaries, 100) == [chunk[:6], chunk[6:]]
+    assert read_plan.by_parent(chunk, requests, deferred, boundaries, 135) == [chunk[:9], chunk[9:]]
+    assert read_plan.by_parent(chunk, requests, deferred, boundaries, 44) == [chunk[k : k + 3] for k in (0, 3, 6, 9)]
+    assert read_plan.by_parent(chunk, requests, deferred, boundaries, 10**6) == [chunk]

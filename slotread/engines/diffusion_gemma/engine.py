@@ -99,8 +99,9 @@ class DiffusionGemmaEngine:
     CUDA graphs (``FastPaths.cuda_graphs``): decoder steps whose canvases all read one cached prompt
     replay captured graphs (``graphs.py``), and so do joint forwards of up to ``GRAPH_TOKENS`` tokens
     padded (``read_plan.graph_tokens``), whatever parents their new states continue (a decision's
-    isolated questions: one per question); a larger joint forward is run as one per parent, each of
-    which may replay a graph. Every other forward (``FastPaths.layer_graphs``) replays graphs of its
+    isolated questions: one per question); a larger joint forward is run as forwards of whole parents'
+    runs, as many parents together as fit a graph (``read_plan.by_parent``), each of which may replay
+    one. Every other forward (``FastPaths.layer_graphs``) replays graphs of its
     layers' work between attention calls, keyed by its token count alone (``layer_graphs.py``), up to
     ``LAYER_GRAPH_TOKENS`` tokens.
     """
@@ -189,7 +190,7 @@ class DiffusionGemmaEngine:
                 parts = (
                     [chunk]
                     if graphed or self._graphs is None
-                    else read_plan.by_parent(chunk, requests, deferred, boundaries)
+                    else read_plan.by_parent(chunk, requests, deferred, boundaries, GRAPH_TOKENS)
                 )
                 for part in parts:
                     batch = [requests[i] for i in part]

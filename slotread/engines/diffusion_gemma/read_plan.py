@@ -7,7 +7,7 @@
   similar own lengths together, one number of denoise steps and at most ``max_canvases`` a forward;
 * ``joint_chunks``: the reads whose last segment is encoded with their canvases, in forwards of
   segments of similar lengths; ``graph_tokens`` counts such a forward's tokens padded to its CUDA
-  graph's buckets, and ``by_parent`` splits one too large for a graph into one forward per parent.
+  graph's buckets, and ``by_parent`` splits one too large for a graph into forwards of whole parents.
 
 Sliding-window layers: a sliding layer's prompt KV holds the prompt's last ``window - 1`` tokens, and
 the decoder attends to all of them and to the whole canvas (the window is anchored at the end of the
@@ -151,10 +151,19 @@ def graph_tokens(batch: list[ReadRequest], deferred: dict[Ids, int], boundaries:
 
 
 def by_parent(
-    chunk: list[int], requests: list[ReadRequest], deferred: dict[Ids, int], boundaries: Boundaries
+    chunk: list[int], requests: list[ReadRequest], deferred: dict[Ids, int], boundaries: Boundaries, limit: int
 ) -> list[list[int]]:
-    """A joint chunk (prompts continuing one parent adjacent) as one forward per parent: where the
-    chunk's forward is too large for a CUDA graph, its parts may still each replay one (eager forwards
-    over a few canvases are bound by their ~1,500 launches: 165 ms for 3 parents on an H200 host, where
-    one graph replay of a parent takes ~20 ms)."""
-    return [list(run) for _, run in groupby(chunk, key=lambda i: id(parent_of(requests[i], deferred, boundaries)))]
+    """A joint chunk (prompts continuing one parent adjacent) too large for a CUDA graph, as forwards of
+    whole parents' runs: consecutive parents together while their forward's ``graph_tokens`` stay
+    within ``limit`` (a parent over it alone), so each part may replay a graph. Eager forwards over a
+    few canvases are bound by their launches (165 ms for 3 parents on an H200 host, where one graph
+    replay of a parent takes ~20 ms), and every forward reads every expert's weights: one forward per
+    parent gave mixed traffic ~12 forwards a call (W2's ~14 parents), whose keys rarely repeat."""
+    parts: list[list[int]] = []
+    for _, group in groupby(chunk, key=lambda i: id(parent_of(requests[i], deferred, boundaries))):
+        run = list(group)
+        if parts and graph_tokens([requests[i] for i in parts[-1] + run], deferred, boundaries) <= limit:
+            parts[-1] += run
+        else:
+            parts.append(run)
+    return parts
