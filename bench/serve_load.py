@@ -426,8 +426,8 @@ def profiling(args: argparse.Namespace, report: Path) -> list[str]:
 
 def torch_profiles(reports: list[Path], calls: int) -> str:
     """The sections the armed processes appended to ``reports`` for the row just run (waiting up to a
-    minute for ``calls`` engine calls to finish them), as text; each file's sections are then moved
-    aside so the next row starts empty."""
+    minute for ``calls`` engine calls to finish them), as text; each file is then removed, so the next
+    row's starts empty (the caller keeps the row's copy)."""
     texts = []
     for report in reports:
         deadline = time.monotonic() + 60
