@@ -2,13 +2,14 @@
 
 ``bench/serve_load.py --torch-profile N`` starts each process that runs an engine (``slotread serve``,
 or the gateway's ``slotread engine`` replicas) through this module, which wraps the batcher's engine
-calls and then runs the CLI. A SIGUSR1 (the client sends it as its timed phase begins) arms it: the
-next N read calls are profiled together, the gaps between them included (``torch.profiler``, every
-thread), and a section is appended to the report file: per call its reads, the time since the
-previous call ended and its own time, then the top kernels by GPU time (by CPU time off a GPU) and,
-on a GPU, the busy and idle time split by the engine's phases and CUDA runtime calls
-(``gpu_reads.traced`` and ``gpu_reads.idle_report``). It answers the question the engine-busy column
-leaves open: when the engine is busy but slow, whether its calls wait on the GPU or on the host.
+calls and then runs the CLI. A file beside the report, ``REPORT.arm`` (the client creates it as its
+timed phase begins; a signal did not reach the handler on the H200), arms it: the next N read calls are
+profiled together, the gaps between them included (``torch.profiler``), and a section is appended to the
+report file: per call its reads, the time since the previous call ended and its own time, then the top
+kernels by GPU time (by CPU time off a GPU) and, on a GPU, the busy and idle time split by the engine's
+phases and CUDA runtime calls (``gpu_reads.traced`` and ``gpu_reads.idle_report``). It answers the
+question the engine-busy column leaves open: when the engine is busy but slow, whether its calls wait on
+the GPU or on the host.
 
     python bench/call_profile.py CALLS REPORT -m slotread.cli serve ...   # what serve_load runs
 """
@@ -17,17 +18,18 @@ from __future__ import annotations
 
 import os
 import runpy
-import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 from gpu_reads import idle_report, traced
-from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+from torch.profiler import ProfilerActivity, profile
 
 from slotread.serve.batcher import BatchingEngine
 
@@ -36,67 +38,72 @@ Run = Callable[[BatchingEngine, list[Any]], None]
 
 class CallProfiler:
     """Profiles ``calls`` consecutive read calls of a batcher once armed, appending each profile to
-    ``report``. Engine calls run one at a time, so the state needs no lock."""
+    ``report``. While armed, the engine calls run in one thread of the profiler's own: torch's profiler
+    records the thread that started it and must stop there (the batcher's calls run in whichever
+    decision thread leads them; profiling every thread instead gave no profile on the H200).
+    Engine calls run one at a time, so the state needs no lock."""
 
     def __init__(self, calls: int, report: Path) -> None:
         self.calls, self.report = calls, report
+        self.trigger = report.with_suffix(".arm")
         self.armed = False
-        self._done: threading.Event | None = None  # set to end the profiling session under way
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="call-profile")
+        self._session: profile | None = None
         self._rows: list[tuple[int, float | None, float]] = []  # reads, ms since the last call ended, ms in it
         self._ended: float | None = None
         self._traced: set[int] = set()
-
-    def arm(self, *_: object) -> None:
-        self.armed = True
 
     def wrap(self, run: Run) -> Run:
         """``BatchingEngine._run`` profiled while armed."""
 
         def profiled(batcher: BatchingEngine, batch: list[Any]) -> None:
+            if not self.armed and self.trigger.exists():
+                self.trigger.unlink(missing_ok=True)
+                self.armed = True
             if not self.armed or batch[0].thinks:
                 return run(batcher, batch)
-            if self._done is None:
-                if id(batcher.engine) not in self._traced and hasattr(batcher.engine, "_graphs"):
-                    traced(batcher.engine)  # a DiffusionGemma engine: its phases labelled
-                    self._traced.add(id(batcher.engine))
-                self._rows, self._ended = [], None
-                self._session()
-            started = time.perf_counter()
-            try:
-                run(batcher, batch)
-            finally:
-                since = None if self._ended is None else (started - self._ended) * 1e3
-                self._ended = time.perf_counter()
-                self._rows.append((sum(len(job.requests) for job in batch), since, (self._ended - started) * 1e3))
-                if len(self._rows) == self.calls and self._done is not None:
-                    self._done.set()
-                    self._done, self.armed = None, False
+            if threading.current_thread().name.startswith("call-profile"):  # ``_run`` retrying job by job
+                return self._call(run, batcher, batch)
+            return self._thread.submit(self._call, run, batcher, batch).result()
 
         return profiled
 
-    def _session(self) -> None:
-        """Start profiling every thread, in a thread of its own (torch's profiler stops in the thread
-        that started it; the engine's calls run in whichever decision thread leads them), until
-        ``_done`` is set; then write the report there."""
-        started, done, rows = threading.Event(), threading.Event(), self._rows
-        self._done = done
-
-        def session() -> None:
+    def _call(self, run: Run, batcher: BatchingEngine, batch: list[Any]) -> None:
+        """One engine call in the profiler's thread: the first starts the profiler, the last stops it and
+        writes the report."""
+        if self._session is None:
+            if id(batcher.engine) not in self._traced and hasattr(batcher.engine, "_graphs"):
+                traced(batcher.engine)  # a DiffusionGemma engine: its phases labelled
+                self._traced.add(id(batcher.engine))
+            self._rows, self._ended = [], None
             cuda = torch.cuda.is_available()
-            activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+            self._session = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
             try:
-                everyone = _ExperimentalConfig(profile_all_threads=True)
-                with profile(activities=activities, experimental_config=everyone) as profiled:
-                    started.set()
-                    done.wait()
-                    if cuda:
+                self._session.start()
+            except Exception:
+                self._fail("starting torch's profiler")
+                return run(batcher, batch)
+        started = time.perf_counter()
+        try:
+            run(batcher, batch)
+        finally:
+            since = None if self._ended is None else (started - self._ended) * 1e3
+            self._ended = time.perf_counter()
+            self._rows.append((sum(len(job.requests) for job in batch), since, (self._ended - started) * 1e3))
+            if len(self._rows) == self.calls:
+                session, self._session, self.armed = self._session, None, False
+                try:
+                    if torch.cuda.is_available():
                         torch.cuda.synchronize()
-                self._write(profiled, rows)
-            finally:
-                started.set()  # a profiler that failed to start must not hold the engine call
+                    session.stop()
+                    self._write(session, self._rows)
+                except Exception:
+                    self._fail("stopping the profiler or summarising its events")
 
-        threading.Thread(target=session, name="call-profile", daemon=True).start()
-        started.wait()
+    def _fail(self, doing: str) -> None:
+        """A section saying what failed (the benchmark prints it instead of waiting for nothing)."""
+        self._session, self.armed = None, False
+        self._append([f"## no profile: {doing} failed", "", "```", traceback.format_exc(), "```"])
 
     def _write(self, profiled: profile, rows: list[tuple[int, float | None, float]]) -> None:
         cuda = torch.cuda.is_available()
@@ -120,6 +127,9 @@ class CallProfiler:
         ]
         if cuda:
             lines.append(idle_report(profiled.events()))
+        self._append(lines)
+
+    def _append(self, lines: list[str]) -> None:
         # whole sections only: the benchmark reads the file as soon as it exists
         before = self.report.read_text() if self.report.exists() else ""
         partial = self.report.with_suffix(".partial")
@@ -133,7 +143,6 @@ def main() -> None:
         raise SystemExit(__doc__)
     profiler = CallProfiler(calls, report)
     BatchingEngine._run = profiler.wrap(BatchingEngine._run)  # type: ignore[method-assign]
-    signal.signal(signal.SIGUSR1, profiler.arm)
     module, sys.argv = sys.argv[4], [sys.argv[4], *sys.argv[5:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -357,8 +357,8 @@ def client_main(args: argparse.Namespace) -> None:
         for gil in (False, True):
             path = args.profile_to.with_name(f"{args.profile_to.name}-{name}{'-gil' if gil else ''}.txt")
             spies[path] = stack_profile.record(int(pid), args.seconds - 1, path, gil)
-    for pid in args.arm_pids:  # ``call_profile.py``: profile the next engine calls
-        os.kill(pid, signal.SIGUSR1)
+    for trigger in args.arm:  # ``call_profile.py``: profile the next engine calls
+        trigger.touch()
     result = asyncio.run(drive(args.url, args.workload, args.concurrency, args.seconds, seed=2))
     after = scrape(args.url)
     result["profiles"] = []
@@ -421,6 +421,7 @@ def profiling(args: argparse.Namespace, report: Path) -> list[str]:
     if not args.torch_profile:
         return []
     report.unlink(missing_ok=True)
+    report.with_suffix(".arm").unlink(missing_ok=True)
     return [str(Path(__file__).with_name("call_profile.py")), str(args.torch_profile), str(report)]
 
 
@@ -472,7 +473,7 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
         log = out / f"{topology}.log"
         server = start(command, log, wrapper=() if replicas else profiling(args, out / f"{topology}-torch.md"))
         reports = [out / f"engine-{k}-torch.md" for k in range(len(replicas))] or [out / f"{topology}-torch.md"]
-        armed = list(replicas or [server]) if args.torch_profile else []
+        armed = [report.with_suffix(".arm") for report in reports] if args.torch_profile else []
         processes.append(server)
         started = time.monotonic()
         wait_ready(url, server, log)
@@ -504,8 +505,8 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                         str(args.warmup),
                         "--replica-pids",
                         ",".join(str(replica.pid) for replica in replicas),
-                        "--arm-pids",
-                        ",".join(str(process.pid) for process in armed),
+                        "--arm",
+                        ",".join(str(trigger) for trigger in armed),
                         "--profile",
                         profiled(args, topology, server, replicas),
                         "--profile-to",
@@ -547,13 +548,11 @@ def engine_phase(args: argparse.Namespace) -> list[str]:
 
     class Recording:
         def __init__(self, engine: Any) -> None:
-            self.engine, self.family, self.noisy, self.max_tokens = (
-                engine,
-                engine.family,
-                engine.noisy,
-                engine.max_tokens,
-            )
+            self.engine = engine
             self.calls: list[list[ReadRequest]] = []
+
+        def __getattr__(self, name: str) -> Any:  # what the Decider asks of an engine besides reads
+            return getattr(self.engine, name)
 
         def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
             self.calls.append(requests)
@@ -610,7 +609,7 @@ def main() -> None:
         parser.add_argument("--seconds", type=float, required=True)
         parser.add_argument("--warmup", type=float, required=True)
         parser.add_argument("--replica-pids", default="", type=lambda s: [int(pid) for pid in s.split(",") if pid])
-        parser.add_argument("--arm-pids", default="", type=lambda s: [int(pid) for pid in s.split(",") if pid])
+        parser.add_argument("--arm", default="", type=lambda s: [Path(path) for path in s.split(",") if path])
         parser.add_argument("--profile", default="", type=lambda s: dict(p.split("=", 1) for p in s.split(",") if p))
         parser.add_argument("--profile-to", type=Path)
         client_main(parser.parse_args())
