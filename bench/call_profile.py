@@ -3,7 +3,7 @@
 ``bench/serve_load.py --torch-profile N`` starts each process that runs an engine (``slotread serve``,
 or the gateway's ``slotread engine`` replicas) through this module, which wraps the batcher's engine
 calls and then runs the CLI. A file beside the report, ``REPORT.arm`` (the client creates it as its
-timed phase begins; a signal did not reach the handler on the H200), arms it: the next N read calls are
+timed phase begins; a signal, tried first, never armed it on the H200), arms it: the next N read calls are
 profiled together, the gaps between them included (``torch.profiler``), and a section is appended to the
 report file: per call its reads, the time since the previous call ended and its own time, then the top
 kernels by GPU time (by CPU time off a GPU) and, on a GPU, the busy and idle time split by the engine's
@@ -19,11 +19,9 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,76 +31,73 @@ from torch.profiler import ProfilerActivity, profile
 
 from slotread.serve.batcher import BatchingEngine
 
-Run = Callable[[BatchingEngine, list[Any]], None]
+Read = Callable[[BatchingEngine, list[Any]], list[Any]]
 
 
 class CallProfiler:
     """Profiles ``calls`` consecutive read calls of a batcher once armed, appending each profile to
-    ``report``. While armed, the engine calls run in one thread of the profiler's own: torch's profiler
-    records the thread that started it and must stop there (the batcher's calls run in whichever
-    decision thread leads them; profiling every thread instead gave no profile on the H200).
-    Engine calls run one at a time, so the state needs no lock."""
+    ``report``. It wraps ``BatchingEngine._read``, which runs every read call in the batcher's engine
+    thread: torch's profiler records the thread that started it, and must stop there. Engine calls run
+    one at a time, so the state needs no lock."""
 
     def __init__(self, calls: int, report: Path) -> None:
         self.calls, self.report = calls, report
         self.trigger = report.with_suffix(".arm")
-        self.armed = False
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="call-profile")
         self._session: profile | None = None
         self._rows: list[tuple[int, float | None, float]] = []  # reads, ms since the last call ended, ms in it
         self._ended: float | None = None
         self._traced: set[int] = set()
 
-    def wrap(self, run: Run) -> Run:
-        """``BatchingEngine._run`` profiled while armed."""
+    def wrap(self, read: Read) -> Read:
+        """``BatchingEngine._read`` profiled once armed: the first call starts the profiler, the last
+        stops it and writes the report."""
 
-        def profiled(batcher: BatchingEngine, batch: list[Any]) -> None:
-            if not self.armed and self.trigger.exists():
+        def profiled(batcher: BatchingEngine, requests: list[Any]) -> list[Any]:
+            if self._session is None:
+                if not self.trigger.exists():
+                    return read(batcher, requests)
                 self.trigger.unlink(missing_ok=True)
-                self.armed = True
-            if not self.armed or batch[0].thinks:
-                return run(batcher, batch)
-            if threading.current_thread().name.startswith("call-profile"):  # ``_run`` retrying job by job
-                return self._call(run, batcher, batch)
-            return self._thread.submit(self._call, run, batcher, batch).result()
+                self._start(batcher)
+                if self._session is None:
+                    return read(batcher, requests)
+            started = time.perf_counter()
+            try:
+                return read(batcher, requests)
+            finally:
+                since = None if self._ended is None else (started - self._ended) * 1e3
+                self._ended = time.perf_counter()
+                self._rows.append((len(requests), since, (self._ended - started) * 1e3))
+                if len(self._rows) == self.calls:
+                    self._stop()
 
         return profiled
 
-    def _call(self, run: Run, batcher: BatchingEngine, batch: list[Any]) -> None:
-        """One engine call in the profiler's thread: the first starts the profiler, the last stops it and
-        writes the report."""
-        if self._session is None:
-            if id(batcher.engine) not in self._traced and hasattr(batcher.engine, "_graphs"):
-                traced(batcher.engine)  # a DiffusionGemma engine: its phases labelled
-                self._traced.add(id(batcher.engine))
-            self._rows, self._ended = [], None
-            cuda = torch.cuda.is_available()
-            self._session = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
-            try:
-                self._session.start()
-            except Exception:
-                self._fail("starting torch's profiler")
-                return run(batcher, batch)
-        started = time.perf_counter()
+    def _start(self, batcher: BatchingEngine) -> None:
+        if id(batcher.engine) not in self._traced and hasattr(batcher.engine, "_graphs"):
+            traced(batcher.engine)  # a DiffusionGemma engine: its phases labelled
+            self._traced.add(id(batcher.engine))
+        self._rows, self._ended = [], None
+        cuda = torch.cuda.is_available()
+        self._session = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
         try:
-            run(batcher, batch)
-        finally:
-            since = None if self._ended is None else (started - self._ended) * 1e3
-            self._ended = time.perf_counter()
-            self._rows.append((sum(len(job.requests) for job in batch), since, (self._ended - started) * 1e3))
-            if len(self._rows) == self.calls:
-                session, self._session, self.armed = self._session, None, False
-                try:
-                    if torch.cuda.is_available():
-                        torch.cuda.synchronize()
-                    session.stop()
-                    self._write(session, self._rows)
-                except Exception:
-                    self._fail("stopping the profiler or summarising its events")
+            self._session.start()
+        except Exception:
+            self._fail("starting torch's profiler")
+
+    def _stop(self) -> None:
+        session, self._session = self._session, None
+        assert session is not None
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            session.stop()
+            self._write(session, self._rows)
+        except Exception:
+            self._fail("stopping the profiler or summarising its events")
 
     def _fail(self, doing: str) -> None:
         """A section saying what failed (the benchmark prints it instead of waiting for nothing)."""
-        self._session, self.armed = None, False
+        self._session = None
         self._append([f"## no profile: {doing} failed", "", "```", traceback.format_exc(), "```"])
 
     def _write(self, profiled: profile, rows: list[tuple[int, float | None, float]]) -> None:
@@ -142,7 +137,7 @@ def main() -> None:
     if sys.argv[3] != "-m":
         raise SystemExit(__doc__)
     profiler = CallProfiler(calls, report)
-    BatchingEngine._run = profiler.wrap(BatchingEngine._run)  # type: ignore[method-assign]
+    BatchingEngine._read = profiler.wrap(BatchingEngine._read)  # type: ignore[method-assign]
     module, sys.argv = sys.argv[4], [sys.argv[4], *sys.argv[5:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
