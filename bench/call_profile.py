@@ -11,6 +11,13 @@ phases and CUDA runtime calls (``gpu_reads.traced`` and ``gpu_reads.idle_report`
 question the engine-busy column leaves open: when the engine is busy but slow, whether its calls wait on
 the GPU or on the host.
 
+On the H200 (torch 2.11) it has given no profile yet, so ``serve_load.py`` refuses it there. Profiling
+every thread from a thread of its own gave none (the server's log had Kineto's "External init callback
+must run in same thread as registerClient"); profiling the batcher's engine thread stalled the server
+(W1 c=32: 65 answers, then every request timed out, the process at one core). Both start CUDA
+profiling off the main thread; ``bench/gpu_reads.py --profile`` profiles the engine from the main
+thread and works there.
+
     python bench/call_profile.py CALLS REPORT -m slotread.cli serve ...   # what serve_load runs
 """
 

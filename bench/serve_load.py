@@ -18,7 +18,8 @@ replicas') stacks with py-spy through each timed phase, busy threads and the GIL
 where they were (``bench/stack_profile.py``). ``--torch-profile N`` starts each process that runs an
 engine through ``bench/call_profile.py`` and has it profile N engine calls from each timed phase's
 start with torch's profiler: per call its reads, its time and the gap before it, the top kernels, and
-where the GPU sat idle (the profiler slows the host; time and profile in separate runs).
+where the GPU sat idle (the profiler slows the host; time and profile in separate runs; CPU only for now,
+see ``bench/call_profile.py``).
 ``--engine-only`` then loads the model in this process and times ``Engine.read`` alone on the reads the
 Decider renders for the same requests (a diagnostic).
 
@@ -648,6 +649,10 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=788.0, help="bf16 peak measured on the device")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "serve_load")
     args = parser.parse_args()
+    if args.torch_profile and args.device.startswith("cuda"):
+        parser.error(
+            "--torch-profile runs on the CPU only for now: on the H200 it stalled the server (call_profile.py)"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     # the servers run in sessions of their own: a SIGTERM (timeout) must still reach the ``finally`` that stops them
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

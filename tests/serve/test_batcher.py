@@ -147,6 +147,46 @@ class FailsOnSecond:
         return [SlotScores((np.zeros(2, np.float32),), (1.0,), (True,), (0,), (0.0,), (np.log(2.0),)) for _ in requests]
 
 
+class ThreadsSeen:
+    """An Engine that wraps a real one and notes the thread of every call."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.family, self.noisy = engine, engine.family, engine.noisy
+        self.deterministic, self.max_tokens = engine.deterministic, engine.max_tokens
+        self.threads: list[int] = []
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        self.threads.append(threading.get_ident())
+        return self.engine.read(requests)
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        self.threads.append(threading.get_ident())
+        thoughts: list[tuple[int, ...]] = self.engine.think(requests)  # type: ignore[attr-defined]
+        return thoughts
+
+
+def test_every_engine_call_runs_in_one_thread_whoever_leads_it(smollm2: LoadedModel) -> None:
+    """On the CPU torch computes slower once several threads have used it, so the callers, who lead
+    calls in turn, hand every read and thought to the batcher's one engine thread."""
+    decider = Decider(smollm2)
+    requests = reads(decider)
+    engine = ThreadsSeen(decider.engine)
+    batcher = BatchingEngine(engine)
+    callers: set[int] = set()
+
+    def decide(request: ReadRequest) -> None:
+        callers.add(threading.get_ident())
+        for _ in range(3):
+            batcher.read([request])
+        batcher.think([ThoughtRequest(request.prompt, 4, frozenset())])
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        for future in [pool.submit(decide, request) for request in requests]:
+            future.result(60)
+    assert len(engine.threads) >= 4 and len(set(engine.threads)) == 1
+    assert engine.threads[0] not in callers and len(callers) > 1
+
+
 def test_a_failing_read_fails_only_its_own_caller(smollm2: LoadedModel) -> None:
     requests = reads(Decider(smollm2))
     engine = FailsOnSecond(requests[1])
