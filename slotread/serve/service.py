@@ -65,6 +65,7 @@ class DecisionService:
         answer one small decision so the first client does not pay for first-call allocations."""
         try:
             decider = await asyncio.to_thread(load)
+            self._share(decider)  # before the warm-up: its reads run in the engine thread too
             await self._warm_up(decider)
         except Exception as exc:
             self.load_error = str(exc)
@@ -84,17 +85,21 @@ class DecisionService:
         except (UpstreamUnavailable, UpstreamError) as exc:
             logger.warning("the warm-up decision failed on the upstreams; serving anyway: %s", exc)
 
+    def _share(self, decider: Decider) -> None:
+        """Share an in-process engine through a BatchingEngine, which runs every engine call in one
+        thread (on the CPU torch computes slower once several threads have used it)."""
+        if not isinstance(decider.engine, RemoteEngine | BatchingEngine):
+            decider.engine = BatchingEngine(decider.engine, self.metrics.observe_batch)
+
     def serve(self, decider: Decider) -> None:
         """Answer decisions with ``decider`` from now on; an in-process engine is shared through a
         BatchingEngine."""
+        self._share(decider)
         if isinstance(decider.engine, RemoteEngine):
             self.metrics.track_replicas(decider.engine.pool.stats)
         else:
-            engine = decider.engine
-            batcher = (
-                engine if isinstance(engine, BatchingEngine) else BatchingEngine(engine, self.metrics.observe_batch)
-            )
-            decider.engine = batcher
+            batcher = decider.engine
+            assert isinstance(batcher, BatchingEngine)
             self.metrics.track_engine(lambda: batcher.pending)
             if isinstance(batcher.engine, Counted):
                 self.metrics.track_engine_counters(batcher.engine)

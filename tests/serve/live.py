@@ -89,6 +89,24 @@ class HeldEngine:
         return thoughts
 
 
+class ThreadsSeen:
+    """An Engine that wraps a real one and notes the thread of every call."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.family, self.noisy = engine, engine.family, engine.noisy
+        self.deterministic, self.max_tokens = engine.deterministic, engine.max_tokens
+        self.threads: list[int] = []
+
+    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
+        self.threads.append(threading.get_ident())
+        return self.engine.read(requests)
+
+    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
+        self.threads.append(threading.get_ident())
+        thoughts: list[tuple[int, ...]] = self.engine.think(requests)  # type: ignore[attr-defined]
+        return thoughts
+
+
 def held_decider(loaded: LoadedModel, **limits: Any) -> tuple[Decider, HeldEngine]:
     """A Decider on ``loaded`` whose reads wait for ``HeldEngine.release``."""
     decider = Decider(loaded, **limits)

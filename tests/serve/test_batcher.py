@@ -16,7 +16,7 @@ from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.engines.thought import ThoughtRequest
 from slotread.models.load import LoadedModel
 from slotread.serve.batcher import BatchingEngine
-from tests.serve.live import HeldEngine
+from tests.serve.live import HeldEngine, ThreadsSeen
 
 STATES = ["the server is down", "thanks, all good", "my card was stolen", "how do I reset my PIN?", "refund me now"]
 
@@ -145,24 +145,6 @@ class FailsOnSecond:
         if self.marker in requests:
             raise ValueError("this read is bad")
         return [SlotScores((np.zeros(2, np.float32),), (1.0,), (True,), (0,), (0.0,), (np.log(2.0),)) for _ in requests]
-
-
-class ThreadsSeen:
-    """An Engine that wraps a real one and notes the thread of every call."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine, self.family, self.noisy = engine, engine.family, engine.noisy
-        self.deterministic, self.max_tokens = engine.deterministic, engine.max_tokens
-        self.threads: list[int] = []
-
-    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
-        self.threads.append(threading.get_ident())
-        return self.engine.read(requests)
-
-    def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
-        self.threads.append(threading.get_ident())
-        thoughts: list[tuple[int, ...]] = self.engine.think(requests)  # type: ignore[attr-defined]
-        return thoughts
 
 
 def test_every_engine_call_runs_in_one_thread_whoever_leads_it(smollm2: LoadedModel) -> None:

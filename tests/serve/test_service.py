@@ -19,7 +19,7 @@ from slotread.serve.app import create_app
 from slotread.serve.service import DecisionService
 from slotread.settings import Settings
 from tests.engines.remote.replicas import Replica
-from tests.serve.live import Live, held_decider, live_server
+from tests.serve.live import Live, ThreadsSeen, held_decider, live_server
 
 REQUEST = {"state": "the server is down", "questions": {"urgent": {"type": "noul"}}}
 HEADER = "x-typesafe-request-id"
@@ -134,6 +134,23 @@ def test_readiness_follows_the_model_load(smollm2: LoadedModel) -> None:
         loaded.set()
         wait_for(lambda: client.get("/readyz").status_code == 200)
         assert client.post("/v1/systemone", json=REQUEST).status_code == 200
+
+
+def test_the_warm_up_and_the_decisions_read_in_one_thread(smollm2: LoadedModel) -> None:
+    """A loaded model's warm-up read runs in the batcher's engine thread, as every decision's does."""
+    seen: list[ThreadsSeen] = []
+
+    def load() -> Decider:
+        decider = Decider(smollm2)
+        seen.append(ThreadsSeen(decider.engine))
+        decider.engine = seen[0]
+        return decider
+
+    with live_server(create_app(Settings(max_concurrency=4), load)) as live:
+        warm_up = len(seen[0].threads)
+        with ThreadPoolExecutor(4) as pool:
+            assert all(response.status_code == 200 for response in pool.map(lambda _: post(live), range(8)))
+    assert warm_up >= 1 and len(seen[0].threads) > warm_up and len(set(seen[0].threads)) == 1
 
 
 def test_a_model_that_fails_to_load_keeps_the_server_unready_and_says_why() -> None:
