@@ -3,13 +3,12 @@
 ``bench/serve_load.py --torch-profile N`` starts each process that runs an engine (``slotread serve``,
 or the gateway's ``slotread engine`` replicas) through this module, which wraps the batcher's engine
 calls and then runs the CLI. A file beside the report, ``REPORT.arm`` (the client creates it as its
-timed phase begins; a signal, tried first, never armed it on the H200), arms it: the next N read calls are
-profiled together, the gaps between them included (``torch.profiler``), and a section is appended to the
-report file: per call its reads, the time since the previous call ended and its own time, then the top
-kernels by GPU time (by CPU time off a GPU) and, on a GPU, the busy and idle time split by the engine's
-phases and CUDA runtime calls (``gpu_reads.traced`` and ``gpu_reads.idle_report``). It answers the
-question the engine-busy column leaves open: when the engine is busy but slow, whether its calls wait on
-the GPU or on the host.
+timed phase begins), arms it: the next N read calls are profiled together, the gaps between them
+included (``torch.profiler``), and a section is appended to the report file: per call its reads, the
+time since the previous call ended and its own time, then the top kernels by GPU time (by CPU time off a
+GPU) and, on a GPU, the busy and idle time split by the engine's phases and CUDA runtime calls
+(``gpu_reads.traced`` and ``gpu_reads.idle_report``). It answers the question the engine-busy column
+leaves open: when the engine is busy but slow, whether its calls wait on the GPU or on the host.
 
 On the H200 (torch 2.11) it has given no profile yet, so ``serve_load.py`` refuses it there. Profiling
 every thread from a thread of its own gave none (the server's log had Kineto's "External init callback
