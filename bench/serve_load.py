@@ -450,6 +450,7 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
     processes = []
     replicas: list[subprocess.Popen[bytes]] = []  # the gateway's engines
     common = ["--model", args.model]
+    reports: list[Path] = []  # ``--torch-profile``: one per process running an engine
     try:
         if topology == "gateway":
             upstreams = []
@@ -458,11 +459,12 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                 engine_log = out / f"engine-{replica}.log"
                 # one GPU each where there are several
                 env = {"CUDA_VISIBLE_DEVICES": str(replica)} if args.replicas > 1 and args.device == "cuda" else {}
+                reports.append(out / f"engine-{replica}-torch.md")
                 engine = start(
                     ["engine", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(engine_port)],
                     engine_log,
                     env,
-                    profiling(args, out / f"engine-{replica}-torch.md"),
+                    profiling(args, reports[-1]),
                 )
                 processes.append(engine)
                 replicas.append(engine)
@@ -472,8 +474,9 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
         else:
             command = ["serve", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(port)]
         log = out / f"{topology}.log"
-        server = start(command, log, wrapper=() if replicas else profiling(args, out / f"{topology}-torch.md"))
-        reports = [out / f"engine-{k}-torch.md" for k in range(len(replicas))] or [out / f"{topology}-torch.md"]
+        if not replicas:
+            reports.append(out / f"{topology}-torch.md")
+        server = start(command, log, wrapper=() if replicas else profiling(args, reports[0]))
         armed = [report.with_suffix(".arm") for report in reports] if args.torch_profile else []
         processes.append(server)
         started = time.monotonic()
