@@ -361,6 +361,8 @@ def client_main(args: argparse.Namespace) -> None:
     for trigger in args.arm:  # ``call_profile.py``: profile the next engine calls
         trigger.touch()
     result = asyncio.run(drive(args.url, args.workload, args.concurrency, args.seconds, seed=2))
+    for trigger in args.dump:  # ``call_replay.py``: write the last engine calls
+        trigger.touch()
     after = scrape(args.url)
     result["profiles"] = []
     for path, spy in spies.items():
@@ -417,13 +419,31 @@ def profiled(
     return ",".join(f"{name}={process.pid}" for name, process in named) if args.profile else ""
 
 
-def profiling(args: argparse.Namespace, report: Path) -> list[str]:
-    """``start``'s wrapper for a process running an engine under ``--torch-profile``."""
-    if not args.torch_profile:
-        return []
-    report.unlink(missing_ok=True)
-    report.with_suffix(".arm").unlink(missing_ok=True)
-    return [str(Path(__file__).with_name("call_profile.py")), str(args.torch_profile), str(report)]
+def wrapper(args: argparse.Namespace, report: Path, recording: Path) -> list[str]:
+    """``start``'s wrapper for a process running an engine under ``--torch-profile`` (its profiles go
+    to ``report``) or ``--replay`` (its last calls to ``recording``)."""
+    for path in (report, report.with_suffix(".arm"), recording, recording.with_suffix(".dump")):
+        path.unlink(missing_ok=True)
+    if args.torch_profile:
+        return [str(Path(__file__).with_name("call_profile.py")), str(args.torch_profile), str(report)]
+    if args.replay:
+        return [str(Path(__file__).with_name("call_replay.py")), str(args.replay), str(recording)]
+    return []
+
+
+def recorded(recordings: list[Path], row: str) -> list[Path]:
+    """Each process's calls of the row just run (``call_replay.py``), renamed for the row: waits up to
+    a minute for each to be written."""
+    rows = []
+    for recording in recordings:
+        deadline = time.monotonic() + 60
+        while not recording.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not recording.exists():
+            print(f"{recording.name}: no calls recorded for {row}", file=sys.stderr)
+            continue
+        rows.append(recording.rename(recording.with_name(f"{row}-{recording.name}")))
+    return rows
 
 
 def torch_profiles(reports: list[Path], calls: int) -> str:
@@ -444,13 +464,16 @@ def torch_profiles(reports: list[Path], calls: int) -> str:
     return "\n".join(texts)
 
 
-def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]:
+def serve_phase(args: argparse.Namespace, topology: str, out: Path, recordings: list[Path]) -> list[str]:
+    """The rows of one topology; ``--replay`` appends each row's recorded calls to ``recordings``."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     processes = []
     replicas: list[subprocess.Popen[bytes]] = []  # the gateway's engines
     common = ["--model", args.model]
-    reports: list[Path] = []  # ``--torch-profile``: one per process running an engine
+    # ``--torch-profile`` and ``--replay``: one report and one recording per process running an engine
+    reports: list[Path] = []
+    records: list[Path] = []
     try:
         if topology == "gateway":
             upstreams = []
@@ -460,11 +483,12 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                 # one GPU each where there are several
                 env = {"CUDA_VISIBLE_DEVICES": str(replica)} if args.replicas > 1 and args.device == "cuda" else {}
                 reports.append(out / f"engine-{replica}-torch.md")
+                records.append(out / f"engine-{replica}-calls.pkl")
                 engine = start(
                     ["engine", *common, "--device", args.device, "--dtype", args.dtype, "--port", str(engine_port)],
                     engine_log,
                     env,
-                    profiling(args, reports[-1]),
+                    wrapper(args, reports[-1], records[-1]),
                 )
                 processes.append(engine)
                 replicas.append(engine)
@@ -476,8 +500,10 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
         log = out / f"{topology}.log"
         if not replicas:
             reports.append(out / f"{topology}-torch.md")
-        server = start(command, log, wrapper=() if replicas else profiling(args, reports[0]))
+            records.append(out / f"{topology}-calls.pkl")
+        server = start(command, log, wrapper=() if replicas else wrapper(args, reports[0], records[0]))
         armed = [report.with_suffix(".arm") for report in reports] if args.torch_profile else []
+        dumps = [record.with_suffix(".dump") for record in records] if args.replay else []
         processes.append(server)
         started = time.monotonic()
         wait_ready(url, server, log)
@@ -511,6 +537,8 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                         ",".join(str(replica.pid) for replica in replicas),
                         "--arm",
                         ",".join(str(trigger) for trigger in armed),
+                        "--dump",
+                        ",".join(str(trigger) for trigger in dumps),
                         "--profile",
                         profiled(args, topology, server, replicas),
                         "--profile-to",
@@ -525,6 +553,8 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
                 rows.append(row(topology, workload, concurrency, result, args))
                 for text in result.get("profiles", []):
                     print(text, file=sys.stderr, flush=True)
+                if dumps:
+                    recordings += recorded(records, f"{topology}-{workload}-c{concurrency}")
                 if armed:
                     text = torch_profiles(reports, args.torch_profile)
                     (out / f"{topology}-{workload}-c{concurrency}-torch.md").write_text(text + "\n")
@@ -539,6 +569,32 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path) -> list[str]
     finally:
         for process in reversed(processes):
             stop(process)
+
+
+REPLAY_HEADER = (
+    "\n| recorded calls of | calls timed | reads per call | ms per call in the server | ms per call alone | "
+    "server / alone | graph captures |\n|---|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def replay_phase(args: argparse.Namespace, recordings: list[Path]) -> list[str]:
+    """``--replay``: each row's recorded engine calls read again in this process, alone
+    (``call_replay.replay``)."""
+    import torch
+    from call_replay import replay
+
+    from slotread import Decider
+
+    engine = Decider(args.model, device=args.device, dtype=getattr(torch, args.dtype)).engine
+    rows = []
+    for recording in recordings:
+        calls, reads, server, alone, captures = replay(engine, recording, args.device)
+        name = recording.name.removesuffix("-calls.pkl")
+        rows.append(
+            f"| {name} | {calls} | {reads:.1f} | {server:.0f} | {alone:.0f} | {server / alone:.2f} | {captures} |"
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
 
 
 def engine_phase(args: argparse.Namespace) -> list[str]:
@@ -614,6 +670,7 @@ def main() -> None:
         parser.add_argument("--warmup", type=float, required=True)
         parser.add_argument("--replica-pids", default="", type=lambda s: [int(pid) for pid in s.split(",") if pid])
         parser.add_argument("--arm", default="", type=lambda s: [Path(path) for path in s.split(",") if path])
+        parser.add_argument("--dump", default="", type=lambda s: [Path(path) for path in s.split(",") if path])
         parser.add_argument("--profile", default="", type=lambda s: dict(p.split("=", 1) for p in s.split(",") if p))
         parser.add_argument("--profile-to", type=Path)
         client_main(parser.parse_args())
@@ -646,6 +703,13 @@ def main() -> None:
         metavar="CALLS",
         help="torch-profile this many engine calls of each process running an engine, from each timed phase's start",
     )
+    parser.add_argument(
+        "--replay",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="record each row's last 2 x CALLS engine calls, then replay them alone after the servers stop",
+    )
     parser.add_argument("--engine-only", action="store_true", help="then time Engine.read alone on the same reads")
     parser.add_argument("--engine-batches", type=int, default=5, help="timed batches per engine-only row")
     parser.add_argument("--active-params", type=float, default=3.8e9, help="active parameters per token")
@@ -656,14 +720,20 @@ def main() -> None:
         parser.error(
             "--torch-profile runs on the CPU only for now: on the H200 it stalled the server (call_profile.py)"
         )
+    if args.torch_profile and args.replay:
+        parser.error("--torch-profile and --replay each wrap the engine's process: choose one")
     args.out.mkdir(parents=True, exist_ok=True)
     # the servers run in sessions of their own: a SIGTERM (timeout) must still reach the ``finally`` that stops them
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rows = []
+    rows: list[str] = []
+    recordings: list[Path] = []
     for topology in args.topologies:
-        rows += serve_phase(args, topology, args.out)
+        rows += serve_phase(args, topology, args.out, recordings)
     print(HEADER)
     print("\n".join(rows))
+    if recordings:
+        print(REPLAY_HEADER)
+        print("\n".join(replay_phase(args, recordings)))
     if args.engine_only:
         engine_rows = engine_phase(args)
         print("\n| diagnostic | workload | c | decisions/s | ms per batch |\n|---|---|---:|---:|---:|")

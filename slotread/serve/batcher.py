@@ -28,6 +28,13 @@ running at once during the last call, for at most a tenth of that call's time (5
 caller never waits, nor does one that finds the engine idle since longer than a call. Where callers
 do not come back (independent requests, which a wait cannot merge), a wait that got fewer than half
 of those it waited for stops the waits for the next ``GATHER_BACKOFF`` calls.
+
+When the wait does not merge them, the two halves are kept even: a call takes at most half of the
+callers active at once (once there are ``BALANCE_FROM`` of them), unless all of them are queued; the
+rest wait for the next call, with the callers coming back from this one. Left to themselves, the
+halves keep whatever sizes they started with: W1 at concurrency 32 on an H200 settled into calls of 12
+and 20 decisions, and a call of 20 pays for 24 rows (the engine's CUDA graph buckets: 12, 16, 24, 32)
+while two calls of 16 pay for 16 each (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ GATHER_SHARE = 0.1
 MAX_GATHER_S = 0.05
 #: the calls that start without a wait after a wait that got fewer than half of the callers it waited for
 GATHER_BACKOFF = 16
+#: the callers active at once from which a call takes at most half of them (below it, a call reads
+#: whatever is queued: a small call costs about what a smaller one does)
+BALANCE_FROM = 8
 
 
 @dataclass(eq=False)
@@ -129,13 +139,16 @@ class BatchingEngine:
         return job.results
 
     def _lead(self) -> None:
-        """Run everything queued (the caller's job included) in one batch, then wake its callers and hand
-        the engine to the first job queued meanwhile. Waking only those (not every waiting thread after
-        every engine call) keeps tens of decision threads from contending for the GIL with the engine's."""
+        """Run what is queued (``_share`` says how much; the caller's job is the first) in one batch,
+        then wake its callers and hand the engine to the first job still queued. Waking only those (not
+        every waiting thread after every engine call) keeps tens of decision threads from contending
+        for the GIL with the engine's."""
         with self._lock:
             self._gather()
-            batch, self._pending = self._pending, []
-            self._running = self._most = len(batch)
+            take = self._share()
+            batch, self._pending = self._pending[:take], self._pending[take:]
+            self._running = len(batch)
+            self._most = len(batch) + len(self._pending)
         try:
             reads = [job for job in batch if not job.thinks]
             if reads:
@@ -175,6 +188,16 @@ class BatchingEngine:
             self._queued.wait(left)
         if 2 * (len(self._pending) - queued) < self._most - queued:
             self._skip = GATHER_BACKOFF
+
+    def _share(self) -> int:
+        """How many of the queued jobs the next call takes: all of them, or, while others are still
+        on their way back from the last call, at most half of the callers active at once (the
+        module docstring says why; not after the engine sat idle for longer than the last call)."""
+        queued = len(self._pending)
+        idle = time.monotonic() - self._ended > self._last_call_s
+        if idle or self._most < BALANCE_FROM or queued >= self._most:
+            return queued
+        return min(queued, -(-self._most // 2))
 
     def _run(self, batch: list[_Job]) -> None:
         """Run ``batch`` (all reads or all thoughts) in one engine call; if it raises, each job alone."""

@@ -82,6 +82,34 @@ def test_a_call_waits_for_the_callers_back_from_the_last_one(smollm2: LoadedMode
     assert sizes == [1, 4, 3]
 
 
+def test_a_call_takes_half_of_the_callers_while_the_others_are_on_their_way_back(smollm2: LoadedModel) -> None:
+    """Eight callers that each ask again once answered, the first read alone while seven queue, and no
+    wait: the first caller takes a second to come back, and the next call reads four of the seven
+    (half of the eight active at once); the other three go with the callers back from it. Taking all
+    seven, the two groups would take turns at one and seven for good (W1 on an H200 settled at 12 and
+    20 of 32)."""
+    decider = Decider(smollm2)
+    requests = [*reads(decider), *reads(decider)][:8]
+    held = HeldEngine(decider.engine)
+    sizes: list[int] = []
+    batcher = BatchingEngine(held, observe=lambda reads, seconds: sizes.append(reads), max_wait_s=0.0)
+
+    def twice(request: ReadRequest, back_after: float = 0.0) -> None:
+        batcher.read([request])
+        time.sleep(back_after)
+        batcher.read([request])
+
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(twice, requests[0], 1.0)
+        assert held.entered.wait(30)
+        rest = [pool.submit(twice, request) for request in requests[1:]]
+        wait_until(lambda: batcher.pending == 7)
+        held.release.set()
+        for future in [first, *rest]:
+            future.result(60)
+    assert sizes[:2] == [1, 4] and sum(sizes) == 16
+
+
 def test_callers_that_do_not_come_back_stop_the_waits(smollm2: LoadedModel) -> None:
     """Independent requests (each caller reads once): a call waits for a fourth caller that never
     comes (3 s), after which the next such calls start at once."""
