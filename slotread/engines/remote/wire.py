@@ -21,22 +21,35 @@ Request, one per at most 128 distinct label ids (a read that needs more is split
         "diffusion_pinned": [int, ...]},   only with a seed canvas; a read of k > 1 steps
                                            (diffusion_max_steps: k, up to 8) pins every position
                                            but its slots
-     "x_segment_ends": [int, ...]}      slotread replicas only: where the prompt's segments end inside it
+     "x_segment_ends": [int, ...],      slotread replicas only: where the prompt's segments end inside it
+     "x_positions": [int, ...]}         slotread replicas only, diffusion: the canvas positions to read and
+                                        report (the read's slots), increasing; absent: every position
 
-A slotread replica also takes several reads in one body (``batch_body``): vLLM's batch form, ``prompt``
-a list of prompts, with what each read asks for on its own in ``x_reads`` (``PER_READ``: an entry's
-fields replace the top level's for its prompt)::
+A slotread replica also takes several reads in one body: vLLM's batch form, ``prompt`` a list of
+prompts, with what each read asks for on its own in ``x_reads`` (``PER_READ``: an entry's fields
+replace the top level's for its prompt)::
 
     {"model": str, "prompt": [[int, ...], ...], "temperature": 0, "logprobs": 1,
      "return_tokens_as_token_ids": true,
      "x_reads": [{"max_tokens": int, "logprob_token_ids": [...], "vllm_xargs": {...},
                   "x_segment_ends": [...]}, ...]}        one per prompt, at most 256
 
-and answers with one choice per prompt, ``index`` its place, in the response below; ``usage`` sums
-them. The replica reads them in one engine call.
+or, as a gateway sends it (``batch_body``), each distinct prompt segment once in ``x_segments`` and
+each read's prompt as the indices of its segments, in order, in its entry's ``x_prompt`` (its segment
+ends follow from them; no ``prompt``, no ``x_segment_ends``)::
 
-Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1
-(the decoder's clean-token prediction at each after one read-only step)::
+    {"model": str, "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": true,
+     "x_segments": [[int, ...], ...],
+     "x_reads": [{"x_prompt": [int, ...], "max_tokens": int, ...}, ...]}
+
+The reads of one body share most of their prompts (a W1 decision's three reads: the same 1,236-token
+head and instructions, ~85% of each prompt), each written, parsed and checked token by token where it
+is sent whole. Either way the replica answers with one choice per read, ``index`` its place, in the response below;
+``usage`` sums them. The replica reads them in one engine call.
+
+Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1,
+or those ``x_positions`` lists, in its order (the decoder's clean-token prediction at each after one
+read-only step)::
 
     {"id": "cmpl-...", "object": "text_completion", "created": int, "model": str,
      "choices": [{"index": 0, "text": "", "finish_reason": "length",
@@ -50,11 +63,14 @@ log-softmax over the whole vocabulary (after the model's softcap), clamped at -9
 ``-inf``. Softmax over a slot's label log-probabilities equals softmax over its label logits, so a
 remote read answers what the in-process read answers.
 
-``x_segment_ends`` carries what a flat token list loses: where the rendered prompt's pieces
+``x_positions`` spares a slotread replica the positions no slot reads: a W1 read's canvas has 16
+positions and one slot, and scoring and answering all 16 (each a softmax over the 262,144-token
+vocabulary, then a JSON entry with every requested id) was 16 times the work of the read's one
+slot in process. ``x_segment_ends`` carries what a flat token list loses: where the rendered prompt's pieces
 (instructions, state, question) end, which a slotread engine's prefix cache is keyed by. Without it
 ``slotread engine`` read every prompt as one segment and re-encoded the 1,500-token instructions
 shared by every read (bench/RESULTS.md: the gateway at 0.14x of the in-process server). A gateway sends
-it, and batches, only when every replica lists itself ``owned_by: "slotread"``; vLLM caches prefixes
+it, ``x_positions`` and batches only when every replica lists itself ``owned_by: "slotread"``; vLLM caches prefixes
 by blocks, and takes one set of sampling fields per request where the reads of a stage differ.
 
 What is vLLM's documented OpenAI-compatible API: token-id prompts, ``max_tokens``, ``logprobs``,
@@ -71,9 +87,10 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import accumulate, pairwise
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from itertools import accumulate, chain, pairwise
 from typing import Any
 
 import numpy as np
@@ -90,7 +107,9 @@ LOGPROB_FLOOR = -9999.0
 #: how ``return_tokens_as_token_ids`` spells a token
 TOKEN_PREFIX = "token_id:"
 #: the fields in which the reads of one batched body (``batch_body``) differ; the rest they share
-PER_READ = ("max_tokens", "logprob_token_ids", "vllm_xargs", "x_segment_ends")
+PER_READ = ("max_tokens", "logprob_token_ids", "vllm_xargs", "x_segment_ends", "x_positions")
+#: the same in a body that sends its segments apart (``x_segments``): each read's prompt is its ``x_prompt``
+PER_SEGMENTED_READ = ("max_tokens", "logprob_token_ids", "vllm_xargs", "x_positions", "x_prompt")
 #: prompts one batched body may carry
 MAX_BATCH = 256
 
@@ -111,10 +130,11 @@ Ids = tuple[int, ...]
 
 
 def completion_bodies(
-    request: ReadRequest, family: Family, model: str, vocab_size: int, segments: bool = False
+    request: ReadRequest, family: Family, model: str, vocab_size: int, slotread: bool = False
 ) -> list[Body]:
-    """The completion bodies that read ``request`` on ``model``: one per 128 distinct label ids; with
-    ``segments``, each carries its prompt's segment ends (``x_segment_ends``).
+    """The completion bodies that read ``request`` on ``model``: one per 128 distinct label ids; for a
+    ``slotread`` replica, each carries its prompt's segment ends (``x_segment_ends``) and a diffusion
+    read its slots' positions (``x_positions``).
 
     A diffusion read's canvas is noised here from the request's seed (``noise_canvas``, as the
     in-process engine noises it) and sent as the seed canvas, which the server reads as given; a
@@ -152,9 +172,11 @@ def completion_bodies(
             "logprob_token_ids": labels[start : start + MAX_LOGPROB_TOKEN_IDS],
             "return_tokens_as_token_ids": True,
         }
-        if segments:
+        if slotread:
             ends = [*accumulate(len(segment) for segment in request.prompt)]
             body["x_segment_ends"] = [end for end in dict.fromkeys(ends) if 0 < end < len(prompt)]
+            if canvas is not None:
+                body["x_positions"] = positions
         if canvas is not None:
             body["vllm_xargs"] = {
                 "diffusion_seed_canvas": list(canvas),
@@ -174,16 +196,21 @@ def completion_bodies(
 
 def batch_body(bodies: Sequence[Body]) -> Body:
     """One body that reads all of ``bodies`` (``completion_bodies`` of one model) on a slotread replica:
-    their prompts as vLLM's list of prompts, the fields they differ in (``PER_READ``) in ``x_reads``,
-    one entry per prompt. The answer's choice ``i`` is body ``i``'s (``batch_responses``)."""
+    their prompts' distinct segments (cut at ``x_segment_ends``) once in ``x_segments``, and per body
+    an ``x_reads`` entry with its segments' indices (``x_prompt``) and the other fields it does not
+    share with the first body. The answer's choice ``i`` is body ``i``'s (``batch_responses``)."""
     if not bodies or len(bodies) > MAX_BATCH:
         raise ValueError(f"a batch holds 1 to {MAX_BATCH} bodies, not {len(bodies)}")
     shared = {key: value for key, value in bodies[0].items() if key != "prompt" and key not in PER_READ}
-    return {
-        **shared,
-        "prompt": [body["prompt"] for body in bodies],
-        "x_reads": [{key: body[key] for key in PER_READ if key in body} for body in bodies],
-    }
+    segments: dict[Ids, int] = {}
+    reads = []
+    for body in bodies:
+        prompt = body["prompt"]
+        cuts = (0, *body.get("x_segment_ends", ()), len(prompt))
+        read = {key: body[key] for key in PER_SEGMENTED_READ if key in body}
+        read["x_prompt"] = [segments.setdefault(tuple(prompt[a:b]), len(segments)) for a, b in pairwise(cuts)]
+        reads.append(read)
+    return {**shared, "x_segments": [list(segment) for segment in segments], "x_reads": reads}
 
 
 def batch_responses(response: Any, count: int) -> list[Body]:
@@ -219,17 +246,19 @@ def slot_scores(request: ReadRequest, bodies: Sequence[Body], responses: Sequenc
     if not bodies or len(bodies) != len(responses):
         raise ValueError(f"{len(bodies)} bodies and {len(responses)} responses: one response per body")
     diffusion = "vllm_xargs" in bodies[0]
-    count = len(request.canvas) if diffusion else 1
-    parsed = [_response_positions(response, count) for response in responses]
+    # the positions each response reports, in order: the slots' (``x_positions``), else the whole canvas
+    reported = bodies[0].get("x_positions", range(len(request.canvas))) if diffusion else [0]
+    place = {position: index for index, position in enumerate(reported)}
+    parsed = [_response_positions(response, len(reported)) for response in responses]
     argmax = parsed[0]  # every body reads the same positions; they differ in the ids asked for
-    merged: list[dict[int, float]] = [{} for _ in range(count)]
+    merged: list[dict[int, float]] = [{} for _ in reported]
     for positions in parsed:
         for into, position in zip(merged, positions, strict=True):
             into.update(position.logprobs)
 
     logits, masses, hits, top, top_logprob = [], [], [], [], []
     for slot in request.slots:
-        p = slot.position if diffusion else 0
+        p = place[slot.position if diffusion else 0]
         missing = [i for i in slot.label_ids if i not in merged[p]]
         if missing:
             param = f"choices[0].logprobs.top_logprobs[{p}]"
@@ -307,25 +336,39 @@ class CompletionRead:
     pinned: Ids = ()
     #: where the prompt's segments end inside it (``x_segment_ends``), increasing
     segment_ends: Ids = ()
+    #: a diffusion read's canvas positions to read and report (``x_positions``); () every position
+    reported: Ids = ()
+
+    @property
+    def at(self) -> Ids:
+        """The positions the response reports, in order: a causal read's next token (0), else the
+        canvas positions asked for."""
+        if self.canvas is None:
+            return (0,)
+        return self.reported or tuple(range(len(self.canvas)))
 
     @property
     def positions(self) -> int:
         """How many positions the response reports."""
-        return 1 if self.canvas is None else len(self.canvas)
+        return len(self.at)
 
 
 def parse_completions(
     body: Any, *, model: str, family: Family, vocab_size: int, max_model_len: int
 ) -> list[CompletionRead]:
     """The reads of a completions body, each checked as ``parse_completion`` checks one: a body whose
-    ``prompt`` is a list of prompts (vLLM's batch form, ``batch_body``) reads each, with its own
-    ``PER_READ`` fields from ``x_reads`` (the top level's where an entry leaves one out); an error in
-    one names it (``prompt[i]``, ``x_reads[i].FIELD``)."""
+    ``prompt`` is a list of prompts (vLLM's batch form) reads each, with its own ``PER_READ`` fields
+    from ``x_reads`` (the top level's where an entry leaves one out); a body with ``x_segments``
+    (``batch_body``) reads one prompt per ``x_reads`` entry, joined from the segments its ``x_prompt``
+    lists. An error in one read names it (``prompt[i]``, ``x_reads[i].FIELD``)."""
+    served = {"model": model, "family": family, "vocab_size": vocab_size, "max_model_len": max_model_len}
+    if isinstance(body, dict) and "x_segments" in body:
+        return _segmented_reads(body, **served)  # type: ignore[arg-type]
     prompts = body.get("prompt") if isinstance(body, dict) else None
     if not (isinstance(prompts, list) and prompts and all(isinstance(prompt, list) for prompt in prompts)):
         if isinstance(body, dict) and "x_reads" in body:
-            raise WireError("x_reads needs prompt to be a list of prompts, one per entry", "x_reads")
-        return [parse_completion(body, model=model, family=family, vocab_size=vocab_size, max_model_len=max_model_len)]
+            raise WireError("x_reads needs prompt to be a list of prompts, one per entry, or x_segments", "x_reads")
+        return [parse_completion(body, **served)]  # type: ignore[arg-type]
     assert isinstance(body, dict)
     if len(prompts) > MAX_BATCH:
         raise WireError(f"prompt holds {len(prompts)} prompts; at most {MAX_BATCH} per request", "prompt")
@@ -335,34 +378,80 @@ def parse_completions(
     shared = {key: value for key, value in body.items() if key not in ("prompt", "x_reads")}
     reads = []
     for index, (prompt, override) in enumerate(zip(prompts, overrides, strict=True)):
-        if not isinstance(override, dict):
-            raise WireError(f"x_reads[{index}] must be an object", f"x_reads[{index}]")
-        unknown = next((key for key in override if key not in PER_READ), None)
-        if unknown is not None:
+        _check_entry(override, index, PER_READ)
+        with _naming_read(index, override, "prompt", f"prompt[{index}]"):
+            reads.append(parse_completion({**shared, "prompt": prompt, **override}, **served))  # type: ignore[arg-type]
+    return reads
+
+
+def _segmented_reads(
+    body: dict[str, Any], *, model: str, family: Family, vocab_size: int, max_model_len: int
+) -> list[CompletionRead]:
+    """``parse_completions`` of a body with ``x_segments``: each segment is checked once, each read's
+    prompt is the join of the segments its ``x_prompt`` lists, and its segment ends fall between them."""
+    _check_model(body, model)
+    if "prompt" in body:
+        raise WireError("prompt: a body with x_segments gives each read's prompt in x_reads[i].x_prompt", "prompt")
+    listed = body["x_segments"]
+    if not isinstance(listed, list) or not listed:
+        raise WireError("x_segments must be a non-empty list of token id lists", "x_segments")
+    segments = [_ids(segment, f"x_segments[{k}]", vocab_size) for k, segment in enumerate(listed)]
+    empty = next((k for k, segment in enumerate(segments) if not segment), None)
+    if empty is not None:
+        raise WireError(f"x_segments[{empty}]: empty; a segment holds at least one token", f"x_segments[{empty}]")
+    entries = body.get("x_reads")
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_BATCH:
+        raise WireError(f"x_reads must be a list of 1 to {MAX_BATCH} objects, one per read", "x_reads")
+    shared = {key: value for key, value in body.items() if key not in ("x_segments", "x_reads")}
+    reads = []
+    for index, entry in enumerate(entries):
+        _check_entry(entry, index, PER_SEGMENTED_READ)
+        param = f"x_reads[{index}].x_prompt"
+        picked = entry.get("x_prompt")
+        if not (isinstance(picked, list) and picked and all(type(k) is int and 0 <= k < len(segments) for k in picked)):
             raise WireError(
-                f"x_reads[{index}].{unknown}: an entry holds only {', '.join(PER_READ)}", f"x_reads[{index}].{unknown}"
+                f"{param} must be a non-empty list of indices into x_segments (0 to {len(segments) - 1})", param
             )
-        try:
+        fields = {key: value for key, value in entry.items() if key != "x_prompt"}
+        prompt = tuple(chain.from_iterable(segments[k] for k in picked))
+        ends = tuple(accumulate(len(segments[k]) for k in picked[:-1]))
+        with _naming_read(index, entry, "prompt", param):
             reads.append(
-                parse_completion(
-                    {**shared, "prompt": prompt, **override},
+                _checked(
+                    {**shared, **fields},
+                    prompt,
+                    ends,
                     model=model,
                     family=family,
-                    vocab_size=vocab_size,
                     max_model_len=max_model_len,
+                    vocab_size=vocab_size,
                 )
             )
-        except WireError as exc:
-            root = (exc.param or "").split(".")[0]
-            param = (
-                f"prompt[{index}]"
-                if root == "prompt"
-                else f"x_reads[{index}].{exc.param}"
-                if root in override
-                else exc.param
-            )
-            raise WireError(f"prompt {index}: {exc.message}", param) from None
     return reads
+
+
+def _check_entry(entry: Any, index: int, fields: tuple[str, ...]) -> None:
+    """An ``x_reads`` entry: an object holding only ``fields``."""
+    if not isinstance(entry, dict):
+        raise WireError(f"x_reads[{index}] must be an object", f"x_reads[{index}]")
+    unknown = next((key for key in entry if key not in fields), None)
+    if unknown is not None:
+        raise WireError(
+            f"x_reads[{index}].{unknown}: an entry holds only {', '.join(fields)}", f"x_reads[{index}].{unknown}"
+        )
+
+
+@contextmanager
+def _naming_read(index: int, entry: dict[str, Any], prompt: str, prompt_param: str) -> Iterator[None]:
+    """A WireError of read ``index`` of a batch, said of that read: its message prefixed ``prompt
+    INDEX:``, its field named within the batch (``prompt_param`` for the prompt, ``x_reads[INDEX].FIELD``
+    for a field of its entry, the field itself for one shared by the batch)."""
+    try:
+        yield
+    except WireError as exc:
+        root = (exc.param or "").split(".")[0]
+        param = prompt_param if root == prompt else f"x_reads[{index}].{exc.param}" if root in entry else exc.param
+        raise WireError(f"prompt {index}: {exc.message}", param) from None
 
 
 def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, max_model_len: int) -> CompletionRead:
@@ -370,12 +459,24 @@ def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, 
     UnknownModel (404). Fields that change nothing in a read (``top_p``, ``seed``, ...) are ignored."""
     if not isinstance(body, dict):
         raise WireError("the body must be a JSON object", None)
-    name = body.get("model")
-    if name is not None and not isinstance(name, str):
-        raise WireError("model must be a string", "model")
-    if name is not None and name != model:
-        raise UnknownModel(name, [model])
+    _check_model(body, model)
     prompt = _ids(body.get("prompt"), "prompt", vocab_size)
+    read = _checked(body, prompt, (), model=model, family=family, vocab_size=vocab_size, max_model_len=max_model_len)
+    return replace(read, segment_ends=_segment_ends(body.get("x_segment_ends"), len(prompt)))
+
+
+def _checked(
+    body: dict[str, Any],
+    prompt: Ids,
+    segment_ends: Ids,
+    *,
+    model: str,
+    family: Family,
+    vocab_size: int,
+    max_model_len: int,
+) -> CompletionRead:
+    """``parse_completion``'s checks after the model and the prompt's ids: the rest of ``body``, and
+    the prompt's length; the read has ``segment_ends``."""
     if not prompt:
         raise WireError("prompt: empty; send the prompt's token ids", "prompt")
     max_tokens = body.get("max_tokens")
@@ -425,6 +526,10 @@ def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, 
             )
         if max_tokens != 1:
             raise WireError("max_tokens must be 1: a causal read reports the next token", "max_tokens")
+        if body.get("x_positions") is not None:
+            raise WireError(
+                "x_positions: a causal read reports the next token; positions are a canvas's", "x_positions"
+            )
         canvas = None
     else:
         canvas = _seed_canvas(xargs, max_tokens, vocab_size)
@@ -435,12 +540,37 @@ def parse_completion(body: Any, *, model: str, family: Family, vocab_size: int, 
             f"tokens ({len(prompt)} in the prompt, {max_tokens} in the completion).",
             "prompt",
         )
-    segment_ends = _segment_ends(body.get("x_segment_ends"), len(prompt))
     if canvas is None:
         return CompletionRead(prompt, None, token_ids, segment_ends=segment_ends)
     assert xargs is not None
     steps, pinned = xargs["diffusion_max_steps"], tuple(xargs.get("diffusion_pinned") or ())
-    return CompletionRead(prompt, canvas, token_ids, steps, pinned, segment_ends)
+    reported = _positions(body.get("x_positions"), len(canvas))
+    return CompletionRead(prompt, canvas, token_ids, steps, pinned, segment_ends, reported)
+
+
+def _positions(value: Any, length: int) -> Ids:
+    """``x_positions``: absent, or increasing positions of a canvas of ``length`` tokens."""
+    if value is None:
+        return ()
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(type(p) is int and 0 <= p < length for p in value)
+        or any(a >= b for a, b in pairwise(value))
+    ):
+        raise WireError(
+            f"x_positions must be a non-empty list of canvas positions (0 to {length - 1}), increasing strictly",
+            "x_positions",
+        )
+    return tuple(value)
+
+
+def _check_model(body: dict[str, Any], model: str) -> None:
+    name = body.get("model")
+    if name is not None and not isinstance(name, str):
+        raise WireError("model must be a string", "model")
+    if name is not None and name != model:
+        raise UnknownModel(name, [model])
 
 
 def _segment_ends(value: Any, length: int) -> Ids:
@@ -526,15 +656,16 @@ def _ids(value: Any, param: str, vocab_size: int) -> Ids:
 
 
 def read_request(read: CompletionRead) -> ReadRequest:
-    """The engine read of a checked body: the next token (causal) or every canvas position (diffusion),
-    each scoring the requested ids; the canvas is read as given (``seed=None``)."""
+    """The engine read of a checked body: the next token (causal) or the canvas positions it asks for
+    (diffusion: ``x_positions``, else all), each scoring the requested ids; the canvas is read as given
+    (``seed=None``)."""
     # Engines score at least one label per slot: id 0 stands in when none was asked for, unreported.
     labels = read.token_ids or (0,)
     cuts = (0, *read.segment_ends, len(read.prompt))
     prompt = tuple(read.prompt[start:end] for start, end in pairwise(cuts))
     if read.canvas is None:
         return ReadRequest(prompt=prompt, canvas=(), slots=(Slot(0, labels),), seed=None)
-    slots = tuple(Slot(position, labels) for position in range(len(read.canvas)))
+    slots = tuple(Slot(position, labels) for position in read.at)
     return ReadRequest(prompt=prompt, canvas=read.canvas, slots=slots, seed=None, steps=read.steps, pinned=read.pinned)
 
 

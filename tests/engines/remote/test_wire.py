@@ -18,6 +18,7 @@ from slotread.engines.diffusion_gemma.noise import noise_canvas
 from slotread.engines.remote.wire import (
     MAX_BATCH,
     MAX_LOGPROB_TOKEN_IDS,
+    PER_READ,
     CompletionRead,
     batch_body,
     batch_responses,
@@ -430,12 +431,12 @@ def test_a_bad_causal_body_is_refused(changes: dict[str, Any], param: str, words
 def test_segment_ends_carry_the_prompt_pieces_to_a_slotread_replica() -> None:
     # a causal read: the prompt's two segments, then the reply prefix before the slot as a third
     causal = ReadRequest(prompt=((1, 2, 3), (4, 5)), canvas=(40, 41, 9), slots=(Slot(2, (7,)),))
-    (body,) = completion_bodies(causal, "causal", "smollm2", 49_152, segments=True)
+    (body,) = completion_bodies(causal, "causal", "smollm2", 49_152, slotread=True)
     assert body["x_segment_ends"] == [3, 5]
     read = parse(body, "causal", model="smollm2", vocab_size=49_152)
     assert read_request(read).prompt == ((1, 2, 3), (4, 5), (40, 41))
     # a diffusion read: the prompt's own segments again, whatever the canvas
-    (body,) = completion_bodies(diffusion_request(), "diffusion", MODEL, VOCAB, segments=True)
+    (body,) = completion_bodies(diffusion_request(), "diffusion", MODEL, VOCAB, slotread=True)
     assert body["x_segment_ends"] == [len(PROMPT[0])]
     assert read_request(parse(body)).prompt == PROMPT
     # without segments (vLLM replicas) the field is absent and the server reads one segment
@@ -449,6 +450,34 @@ def test_bad_segment_ends_are_refused(ends: Any) -> None:
     with pytest.raises(WireError) as caught:
         parse(edited(x_segment_ends=ends))
     assert caught.value.param == "x_segment_ends"
+
+
+def test_a_slotread_replica_reads_and_reports_the_slots_positions_alone() -> None:
+    request = ReadRequest(prompt=PROMPT, canvas=CANVAS, slots=(Slot(4, LABELS), Slot(2, LABELS)), seed=11)
+    (body,) = completion_bodies(request, "diffusion", MODEL, VOCAB, slotread=True)
+    assert body["x_positions"] == [2, 4]
+    read = parse(body)
+    assert read.at == (2, 4) and [slot.position for slot in read_request(read).slots] == [2, 4]
+    # the answer's two entries are positions 2 and 4, in that order: the first slot reads the second
+    answer = response([(9, -0.5, {6_750: -1.0, 3_771: -2.0, 9: -0.5}), (6_750, -0.1, {6_750: -0.1, 3_771: -3.0})])
+    scores = slot_scores(request, [body], [answer])
+    assert scores.argmax_id == (6_750, 9)
+    np.testing.assert_allclose(scores.logits[0], [-0.1, -3.0])
+    np.testing.assert_allclose(scores.logits[1], [-1.0, -2.0])
+    # a causal read has one position, and no x_positions
+    causal = ReadRequest(prompt=((1, 2, 3),), canvas=(40, 9), slots=(Slot(1, (7,)),))
+    (causal_body,) = completion_bodies(causal, "causal", "smollm2", 49_152, slotread=True)
+    assert "x_positions" not in causal_body
+    with pytest.raises(WireError) as caught:
+        parse({**causal_body, "x_positions": [0]}, "causal", model="smollm2", vocab_size=49_152)
+    assert caught.value.param == "x_positions"
+
+
+@pytest.mark.parametrize("positions", [[], [6], [4, 2], [2, 2], ["2"], 2])
+def test_bad_positions_are_refused(positions: Any) -> None:
+    with pytest.raises(WireError) as caught:
+        parse(edited(x_positions=positions))
+    assert caught.value.param == "x_positions" and "0 to 5" in caught.value.message
 
 
 # -- several reads in one body (slotread replicas) ----------------------------------------------------
@@ -469,14 +498,27 @@ def parse_all(body: Any, **served: Any) -> list[CompletionRead]:
     return parse_completions(json.loads(json.dumps(body)), **options)  # type: ignore[arg-type]
 
 
-def test_a_batch_carries_every_body_and_the_server_reads_each_as_alone() -> None:
+def vllm_batch(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's batch form of ``bodies``: every prompt whole in ``prompt``, each body's own fields in ``x_reads``."""
+    shared = {key: value for key, value in bodies[0].items() if key != "prompt" and key not in PER_READ}
+    return {
+        **shared,
+        "prompt": [body["prompt"] for body in bodies],
+        "x_reads": [{key: body[key] for key in PER_READ if key in body} for body in bodies],
+    }
+
+
+def test_a_batch_sends_each_segment_once_and_the_server_reads_each_body_as_alone() -> None:
     bodies = [body for read in batch_reads() for body in completion_bodies(read, "diffusion", MODEL, VOCAB, True)]
     assert len(bodies) == 5
     batch = batch_body(bodies)
-    assert batch["prompt"] == [body["prompt"] for body in bodies]
-    assert len(batch["x_reads"]) == 5 and "logprob_token_ids" not in batch and "vllm_xargs" not in batch
-    assert batch["x_reads"][4]["x_segment_ends"] == [len(PROMPT[0])]
+    assert batch["x_segments"] == [list(PROMPT[0]), list(PROMPT[1]), [9, 10]]
+    assert [read["x_prompt"] for read in batch["x_reads"]] == [[0, 1]] * 4 + [[0, 2]]
+    assert "prompt" not in batch and not any("x_segment_ends" in read for read in batch["x_reads"])
+    assert "logprob_token_ids" not in batch and "vllm_xargs" not in batch
     assert parse_all(batch) == [parse(body) for body in bodies]
+    # the same bodies in vLLM's batch form, prompts whole, read the same
+    assert parse_all(vllm_batch(bodies)) == [parse(body) for body in bodies]
     # a single body is still one read
     assert parse_all(bodies[1]) == [parse(bodies[1])]
     # vLLM's own batch form (no x_reads) reads every prompt with the top level's fields
@@ -525,7 +567,7 @@ def test_a_batch_answer_splits_into_each_bodys_answer() -> None:
 
 def bad_batch(edit: str) -> dict[str, Any]:
     bodies = [body for read in batch_reads()[1:] for body in completion_bodies(read, "diffusion", MODEL, VOCAB, True)]
-    batch = batch_body(bodies)
+    batch = vllm_batch(bodies)
     if edit == "label":
         batch["x_reads"][1]["logprob_token_ids"] = [VOCAB]
     elif edit == "prompt":
@@ -556,10 +598,61 @@ def bad_batch(edit: str) -> dict[str, Any]:
         ("count", "x_reads", "a list of 2 objects, one per prompt"),
         ("entry", "x_reads[1]", "must be an object"),
         ("many", "prompt", f"at most {MAX_BATCH} per request"),
-        ("single", "x_reads", "x_reads needs prompt to be a list of prompts"),
+        ("single", "x_reads", "x_reads needs prompt to be a list of prompts, one per entry, or x_segments"),
     ],
 )
 def test_a_bad_batch_is_refused_naming_the_read_and_field(edit: str, param: str, words: str) -> None:
     with pytest.raises(WireError) as caught:
         parse_all(bad_batch(edit))
     assert caught.value.param == param and words in caught.value.message
+
+
+def bad_segmented_batch(edit: str) -> dict[str, Any]:
+    bodies = [body for read in batch_reads()[1:] for body in completion_bodies(read, "diffusion", MODEL, VOCAB, True)]
+    batch = batch_body(bodies)
+    if edit == "segment":
+        batch["x_segments"][1] = [1, VOCAB]
+    elif edit == "empty":
+        batch["x_segments"][1] = []
+    elif edit == "index":
+        batch["x_reads"][1]["x_prompt"] = [0, 3]
+    elif edit == "no prompt":
+        del batch["x_reads"][0]["x_prompt"]
+    elif edit == "both":
+        batch["prompt"] = [body["prompt"] for body in bodies]
+    elif edit == "ends":
+        batch["x_reads"][0]["x_segment_ends"] = [4]
+    elif edit == "label":
+        batch["x_reads"][1]["logprob_token_ids"] = [VOCAB]
+    elif edit == "model":
+        batch["model"] = "another"
+    elif edit == "many":
+        batch["x_reads"] *= MAX_BATCH
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("edit", "param", "words"),
+    [
+        ("segment", "x_segments[1]", "token id 262144 is out of vocabulary"),
+        ("empty", "x_segments[1]", "empty; a segment holds at least one token"),
+        ("index", "x_reads[1].x_prompt", "indices into x_segments (0 to 2)"),
+        ("no prompt", "x_reads[0].x_prompt", "must be a non-empty list of indices"),
+        ("both", "prompt", "gives each read's prompt in x_reads[i].x_prompt"),
+        ("ends", "x_reads[0].x_segment_ends", "an entry holds only max_tokens"),
+        ("label", "x_reads[1].logprob_token_ids", "prompt 1: logprob_token_ids: token id 262144 is out of vocabulary"),
+        ("many", "x_reads", f"1 to {MAX_BATCH} objects"),
+    ],
+)
+def test_a_bad_segmented_batch_is_refused_naming_the_read_and_field(edit: str, param: str, words: str) -> None:
+    with pytest.raises(WireError) as caught:
+        parse_all(bad_segmented_batch(edit))
+    assert caught.value.param == param and words in caught.value.message
+
+
+def test_a_segmented_batch_for_another_model_or_too_long_a_prompt_is_refused() -> None:
+    with pytest.raises(UnknownModel):
+        parse_all(bad_segmented_batch("model"))
+    with pytest.raises(WireError) as caught:
+        parse_all(bad_segmented_batch(""), max_model_len=12)
+    assert caught.value.param == "x_reads[0].x_prompt" and "maximum context length is 12" in caught.value.message
