@@ -67,8 +67,8 @@ class CallRecorder:
                 partial.rename(self.recording)  # whole or absent: the benchmark waits for the name
 
 
-def replay(engine: Any, recording: Path, device: str) -> tuple[int, float, float, float, int]:
-    """The recorded calls' replay on ``engine``: (calls timed, reads per call, median ms in the
+def replay(engine: Any, recording: Path, device: str) -> tuple[int, list[int], float, float, int]:
+    """The recorded calls' replay on ``engine``: (calls timed, their reads in order, median ms in the
     server, median ms alone, graph captures in the timed pass)."""
     calls: list[Call] = pickle.loads(recording.read_bytes())
     half = len(calls) // 2
@@ -93,7 +93,7 @@ def replay(engine: Any, recording: Path, device: str) -> tuple[int, float, float
     captures = graphs.captures if graphs is not None else 0
     alone = [call(requests) for requests, _ in calls[half:]]
     captures = (graphs.captures if graphs is not None else 0) - captures
-    reads = statistics.mean(len(requests) for requests, _ in calls[half:])
+    reads = [len(requests) for requests, _ in calls[half:]]
     server = statistics.median(took for _, took in calls[half:])
     return len(alone), reads, server * 1e3, statistics.median(alone) * 1e3, captures
 

@@ -572,8 +572,8 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path, recordings: 
 
 
 REPLAY_HEADER = (
-    "\n| recorded calls of | calls timed | reads per call | ms per call in the server | ms per call alone | "
-    "server / alone | graph captures |\n|---|---:|---:|---:|---:|---:|---:|"
+    "\n| recorded calls of | calls timed | reads per call (mean, each in order) | ms per call in the server | "
+    "ms per call alone | server / alone | graph captures |\n|---|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -590,9 +590,8 @@ def replay_phase(args: argparse.Namespace, recordings: list[Path]) -> list[str]:
     for recording in recordings:
         calls, reads, server, alone, captures = replay(engine, recording, args.device)
         name = recording.name.removesuffix("-calls.pkl")
-        rows.append(
-            f"| {name} | {calls} | {reads:.1f} | {server:.0f} | {alone:.0f} | {server / alone:.2f} | {captures} |"
-        )
+        sizes = f"{statistics.mean(reads):.1f} ({', '.join(map(str, reads))})"
+        rows.append(f"| {name} | {calls} | {sizes} | {server:.0f} | {alone:.0f} | {server / alone:.2f} | {captures} |")
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
 

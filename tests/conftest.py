@@ -31,6 +31,20 @@ from tests.engines.tiny_dream import TinyDreamConfig, TinyDreamModel
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread through the test. With two, the CPU's matrix kernels split a batch between
+    the threads by its rows, so a row can round differently in a batch than alone (on an AMD EPYC a
+    thought's sampled token moved, and the 64 tokens after it); a test of what a row keeps of its own
+    in a batch (positions, seeds, stopping) must not see that."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     return Path(os.environ.get("SLOTREAD_CACHE", Path.home() / ".cache" / "slotread"))

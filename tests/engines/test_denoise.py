@@ -137,7 +137,9 @@ def test_a_multi_step_read_does_not_depend_on_the_batch(model: DiffusionGemmaFor
     alone = [DiffusionGemmaEngine(model).read([request])[0] for request in requests]
     for a, b in zip(together, alone, strict=True):
         for x, y in zip(a.logits, b.logits, strict=True):
-            np.testing.assert_allclose(x, y, atol=1e-5)
+            # a k-step read is k forwards, each within 1e-5 of its batch's rounding on the tiny model:
+            # they add up (1.3e-5 to 1.7e-5 after 3 steps on an AMD EPYC, with one torch thread or two)
+            np.testing.assert_allclose(x, y, atol=5e-5)
 
 
 def test_steps_out_of_range_are_refused(model: DiffusionGemmaForBlockDiffusion) -> None:

@@ -2,6 +2,13 @@
 
 The interpreter is chosen when Triton is first imported, so the comparison runs in a child process
 with ``TRITON_INTERPRET=1``; it prints the largest differences as JSON.
+
+The interpreter computes a block's ``tl.dot`` with numpy, whose bits for a row can depend on the
+block around it (the CPU's BLAS kernels round edge rows and split work between threads their own
+way: on an AMD EPYC a row of ``linear`` moved with two BLAS threads, one of ``attend`` by 7e-6 with
+one). So here a row computed alone must match the same row in a batch to within float32 rounding,
+which still catches a wrong offset or mask; the bit-identical reads the batch-invariant kernels give
+are checked on the GPU (``tests/gpu``, the deterministic mode).
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ import sys
 import pytest
 
 pytest.importorskip("triton")
+
+#: how far a row alone may be from the same row in a batch under the interpreter (values of size 1-20)
+ROUNDING = 5e-5
 
 CHECKS = r"""
 import json
@@ -50,20 +60,20 @@ starts = [0, *offsets[:-1].tolist()]
 want = torch.cat([rows[s:e] @ weight[k].T for k, (s, e) in enumerate(zip(starts, offsets.tolist()))])
 worst["grouped"] = (kernels.grouped(rows, weight, offsets) - want).abs().max().item()
 worst["tiled_grouped"] = (kernels.tiled_grouped(rows, weight, offsets) - want).abs().max().item()
-# expert 2's 20 rows alone (one expert, one tile): the same bits as among the others, where they span two tiles'
+# expert 2's 20 rows alone (one expert, one tile): what they give among the others, where they span two tiles'
 # worth of offsets
 alone = kernels.tiled_grouped(rows[3:23], weight[2:3], torch.tensor([20], dtype=torch.int32))
-worst["tiled_grouped_invariant"] = torch.equal(alone, kernels.tiled_grouped(rows, weight, offsets)[3:23])
+worst["tiled_grouped_invariant"] = (alone - kernels.tiled_grouped(rows, weight, offsets)[3:23]).abs().max().item()
 
 # linear: 70 rows (a partial row block) x 150 inputs -> 200 outputs (partial blocks); 5 rows alone give
-# the same bits as inside the batch, where they sit at other offsets of their blocks
+# what they give inside the batch, where they sit at other offsets of their blocks
 rows, weight = torch.randn(70, 150), torch.randn(200, 150)
 batched = kernels.linear(rows, weight)
 worst["linear"] = (batched - rows @ weight.T).abs().max().item()
-worst["linear_invariant"] = torch.equal(kernels.linear(rows[37:42], weight), batched[37:42])
+worst["linear_invariant"] = (kernels.linear(rows[37:42], weight) - batched[37:42]).abs().max().item()
 
 # attention: 2 rows x 2 kv heads, 40 queries, 100 keys, a bias hiding row 1's last 30 keys; row 1 alone,
-# with only its 70 keys and 9 of its queries, gives the same bits
+# with only its 70 keys and 9 of its queries, gives what it gives in the batch
 query, keys, values = torch.randn(2, 2, 40, 72), torch.randn(2, 2, 100, 72), torch.randn(2, 2, 100, 72)
 bias = torch.zeros(2, 1, 1, 100)
 bias[1, ..., 70:] = -1e30
@@ -73,10 +83,12 @@ want_lse = torch.logsumexp(scores, -1)
 worst["attend"] = (out - torch.softmax(scores, -1) @ values).abs().max().item()
 worst["attend_lse"] = (lse - want_lse).abs().max().item()
 alone, alone_lse = kernels.attend(query[1:, :, 20:29], keys[1:, :, :70], values[1:, :, :70], None)
-worst["attend_invariant"] = torch.equal(alone, out[1:, :, 20:29]) and torch.equal(alone_lse, lse[1:, :, 20:29])
+worst["attend_invariant"] = max(
+    (alone - out[1:, :, 20:29]).abs().max().item(), (alone_lse - lse[1:, :, 20:29]).abs().max().item()
+)
 
 # attention over parts: 5 rows reading 3 prompts of 100, 37 (a view past 13 held keys, as a sliding
-# layer's skip slices) and 64 keys, 2, 1 and 2 rows each; each row's output is the bits ``attend``
+# layer's skip slices) and 64 keys, 2, 1 and 2 rows each; each row's output is what ``attend``
 # gives it over its own part alone
 held = torch.randn(1, 2, 50, 72)
 part_keys = [keys[:1], held[:, :, 13:], torch.randn(1, 2, 64, 72)]
@@ -89,8 +101,9 @@ alone = [
     for k, v, first, count in zip(part_keys, part_values, firsts, [2, 1, 2])
     for r in range(first, first + count)
 ]
-worst["attend_parts_invariant"] = torch.equal(parts_out, torch.cat([o for o, _ in alone])) and torch.equal(
-    parts_lse, torch.cat([l for _, l in alone])
+worst["attend_parts_invariant"] = max(
+    (parts_out - torch.cat([o for o, _ in alone])).abs().max().item(),
+    (parts_lse - torch.cat([l for _, l in alone])).abs().max().item(),
 )
 want = torch.softmax(rows_query[2:3] @ part_keys[1].transpose(-1, -2), -1) @ part_values[1]
 worst["attend_parts"] = (parts_out[2:3] - want).abs().max().item()
@@ -111,11 +124,11 @@ def test_kernels_match_the_torch_maths_in_the_interpreter() -> None:
     assert worst["merge_masked"] < 1e-6
     assert worst["grouped"] < 1e-4
     assert worst["tiled_grouped"] < 1e-4
-    assert worst["tiled_grouped_invariant"]
+    assert worst["tiled_grouped_invariant"] < ROUNDING
     assert worst["linear"] < 1e-4
-    assert worst["linear_invariant"]
+    assert worst["linear_invariant"] < ROUNDING
     assert worst["attend"] < 1e-4
     assert worst["attend_lse"] < 1e-4
-    assert worst["attend_invariant"]
+    assert worst["attend_invariant"] < ROUNDING
     assert worst["attend_parts"] < 1e-4
-    assert worst["attend_parts_invariant"]
+    assert worst["attend_parts_invariant"] < ROUNDING

@@ -92,6 +92,7 @@ def test_diffusion_thought_is_the_library_generation(diffusion: DiffusionGemmaFo
         diffusion.generation_config.max_denoising_steps = kept
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_diffusion_thoughts_together_are_each_alone(diffusion: DiffusionGemmaForBlockDiffusion) -> None:
     """Rows of different prompt lengths, budgets, stops and seeds generated in one call (left-padded) write
     what each writes alone: each row keeps its positions, its generator and its own stopping."""

@@ -78,7 +78,8 @@ def in_a_burst(live: Live, requests: list[dict[str, Any]], others: list[dict[str
     for k, request in enumerate(requests):
         burst.insert(k * step, request)
     reads, batches = counter(live, "slotread_reads_total"), counter(live, "slotread_engine_batches_total")
-    with live.client() as client, ThreadPoolExecutor(BURST) as pool:
+    # a burst on a slow CPU takes minutes (SmolLM2 in bfloat16 one row per forward: over 60 s on an AMD EPYC)
+    with live.client(timeout=900) as client, ThreadPoolExecutor(BURST) as pool:
         answers = list(pool.map(lambda r: client.post("/v1/systemone", json=r).raise_for_status().json(), burst))
     merged = (counter(live, "slotread_reads_total") - reads) / (
         counter(live, "slotread_engine_batches_total") - batches
