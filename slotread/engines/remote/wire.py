@@ -44,8 +44,8 @@ ends follow from them; no ``prompt``, no ``x_segment_ends``)::
 
 The reads of one body share most of their prompts (a W1 decision's three reads: the same 1,236-token
 head and instructions, ~85% of each prompt), each written, parsed and checked token by token where it
-is sent whole. Either way the replica answers with one choice per read, ``index`` its place, in the response below;
-``usage`` sums them. The replica reads them in one engine call.
+is sent whole. Either way the replica answers with one choice per read, ``index`` its place, in the
+response below; ``usage`` sums them. The replica reads them in one engine call.
 
 Response, one entry per read position: causal, the next token; diffusion, canvas positions 0..C-1,
 or those ``x_positions`` lists, in its order (the decoder's clean-token prediction at each after one
@@ -65,13 +65,14 @@ remote read answers what the in-process read answers.
 
 ``x_positions`` spares a slotread replica the positions no slot reads: a W1 read's canvas has 16
 positions and one slot, and scoring and answering all 16 (each a softmax over the 262,144-token
-vocabulary, then a JSON entry with every requested id) was 16 times the work of the read's one
-slot in process. ``x_segment_ends`` carries what a flat token list loses: where the rendered prompt's pieces
-(instructions, state, question) end, which a slotread engine's prefix cache is keyed by. Without it
-``slotread engine`` read every prompt as one segment and re-encoded the 1,500-token instructions
-shared by every read (bench/RESULTS.md: the gateway at 0.14x of the in-process server). A gateway sends
-it, ``x_positions`` and batches only when every replica lists itself ``owned_by: "slotread"``; vLLM caches prefixes
-by blocks, and takes one set of sampling fields per request where the reads of a stage differ.
+vocabulary, then a JSON entry with every requested id) was 16 times the work of the read's one slot
+in process. ``x_segment_ends`` carries what a flat token list loses: where the rendered prompt's
+pieces (instructions, state, question) end, which a slotread engine's prefix cache is keyed by.
+Without it ``slotread engine`` read every prompt as one segment and re-encoded the 1,500-token
+instructions shared by every read (bench/RESULTS.md: the gateway at 0.14x of the in-process server).
+A gateway sends it, ``x_positions`` and batches only when every replica lists itself ``owned_by:
+"slotread"``; vLLM caches prefixes by blocks, and takes one set of sampling fields per request where
+the reads of a stage differ.
 
 What is vLLM's documented OpenAI-compatible API: token-id prompts, ``max_tokens``, ``logprobs``,
 ``return_tokens_as_token_ids`` and its ``token_id:N`` spelling, ``vllm_xargs``, the response shape,
@@ -361,14 +362,17 @@ def parse_completions(
     from ``x_reads`` (the top level's where an entry leaves one out); a body with ``x_segments``
     (``batch_body``) reads one prompt per ``x_reads`` entry, joined from the segments its ``x_prompt``
     lists. An error in one read names it (``prompt[i]``, ``x_reads[i].FIELD``)."""
-    served = {"model": model, "family": family, "vocab_size": vocab_size, "max_model_len": max_model_len}
+
+    def one(read: Any) -> CompletionRead:
+        return parse_completion(read, model=model, family=family, vocab_size=vocab_size, max_model_len=max_model_len)
+
     if isinstance(body, dict) and "x_segments" in body:
-        return _segmented_reads(body, **served)  # type: ignore[arg-type]
+        return _segmented_reads(body, model=model, family=family, vocab_size=vocab_size, max_model_len=max_model_len)
     prompts = body.get("prompt") if isinstance(body, dict) else None
     if not (isinstance(prompts, list) and prompts and all(isinstance(prompt, list) for prompt in prompts)):
         if isinstance(body, dict) and "x_reads" in body:
             raise WireError("x_reads needs prompt to be a list of prompts, one per entry, or x_segments", "x_reads")
-        return [parse_completion(body, **served)]  # type: ignore[arg-type]
+        return [one(body)]
     assert isinstance(body, dict)
     if len(prompts) > MAX_BATCH:
         raise WireError(f"prompt holds {len(prompts)} prompts; at most {MAX_BATCH} per request", "prompt")
@@ -379,8 +383,8 @@ def parse_completions(
     reads = []
     for index, (prompt, override) in enumerate(zip(prompts, overrides, strict=True)):
         _check_entry(override, index, PER_READ)
-        with _naming_read(index, override, "prompt", f"prompt[{index}]"):
-            reads.append(parse_completion({**shared, "prompt": prompt, **override}, **served))  # type: ignore[arg-type]
+        with _naming_read(index, override, f"prompt[{index}]"):
+            reads.append(one({**shared, "prompt": prompt, **override}))
     return reads
 
 
@@ -415,7 +419,7 @@ def _segmented_reads(
         fields = {key: value for key, value in entry.items() if key != "x_prompt"}
         prompt = tuple(chain.from_iterable(segments[k] for k in picked))
         ends = tuple(accumulate(len(segments[k]) for k in picked[:-1]))
-        with _naming_read(index, entry, "prompt", param):
+        with _naming_read(index, entry, param):
             reads.append(
                 _checked(
                     {**shared, **fields},
@@ -442,7 +446,7 @@ def _check_entry(entry: Any, index: int, fields: tuple[str, ...]) -> None:
 
 
 @contextmanager
-def _naming_read(index: int, entry: dict[str, Any], prompt: str, prompt_param: str) -> Iterator[None]:
+def _naming_read(index: int, entry: dict[str, Any], prompt_param: str) -> Iterator[None]:
     """A WireError of read ``index`` of a batch, said of that read: its message prefixed ``prompt
     INDEX:``, its field named within the batch (``prompt_param`` for the prompt, ``x_reads[INDEX].FIELD``
     for a field of its entry, the field itself for one shared by the batch)."""
@@ -450,7 +454,7 @@ def _naming_read(index: int, entry: dict[str, Any], prompt: str, prompt_param: s
         yield
     except WireError as exc:
         root = (exc.param or "").split(".")[0]
-        param = prompt_param if root == prompt else f"x_reads[{index}].{exc.param}" if root in entry else exc.param
+        param = prompt_param if root == "prompt" else f"x_reads[{index}].{exc.param}" if root in entry else exc.param
         raise WireError(f"prompt {index}: {exc.message}", param) from None
 
 
