@@ -431,15 +431,20 @@ def wrapper(args: argparse.Namespace, report: Path, recording: Path) -> list[str
     return []
 
 
+def appeared(path: Path, seconds: float = 60.0) -> bool:
+    """Whether ``path`` exists within ``seconds`` (a file a server process writes when it is done)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return path.exists()
+
+
 def recorded(recordings: list[Path], row: str) -> list[Path]:
     """Each process's calls of the row just run (``call_replay.py``), renamed for the row: waits up to
     a minute for each to be written."""
     rows = []
     for recording in recordings:
-        deadline = time.monotonic() + 60
-        while not recording.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not recording.exists():
+        if not appeared(recording):
             print(f"{recording.name}: no calls recorded for {row}", file=sys.stderr)
             continue
         rows.append(recording.rename(recording.with_name(f"{row}-{recording.name}")))
@@ -452,10 +457,7 @@ def torch_profiles(reports: list[Path], calls: int) -> str:
     row's starts empty (the caller keeps the row's copy)."""
     texts = []
     for report in reports:
-        deadline = time.monotonic() + 60
-        while not report.exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if not report.exists():
+        if not appeared(report):
             texts.append(f"{report.name}: no profile ({calls} engine calls did not happen within a minute)")
             continue
         text = report.read_text()
