@@ -78,9 +78,11 @@ def make_engine(
         rows: dict[str, Any] = (
             {} if max_batch is None else {"max_canvases": max_batch, "max_encode_tokens": max_batch * 128}
         )
-        return DiffusionGemmaEngine(
+        engine = DiffusionGemmaEngine(
             model, **cache, **rows, deterministic=deterministic, fast=FastPaths.without(slow_paths)
         )
+        engine.prepare()  # its CUDA graphs, which a forward under traffic would wait for
+        return engine
     if slow_paths:
         logger.info("%s has no fast paths to leave off (%s): they are DiffusionGemma's", loaded.name, slow_paths)
     if deterministic and (max_batch or 1) > 1:

@@ -20,7 +20,7 @@ from slotread.engines.diffusion_gemma.forward import encode_decode
 from slotread.engines.diffusion_gemma.graphs import Layout, _padded_states, bucket, length_bucket, padded
 from slotread.engines.diffusion_gemma.inputs import Canvases, JointMasks, NewTokens, SharedPart
 from slotread.engines.diffusion_gemma.layer_attention import visible_runs
-from slotread.engines.diffusion_gemma.layer_graphs import LayerGraphs, token_bucket
+from slotread.engines.diffusion_gemma.layer_graphs import LayerGraphs, token_bucket, token_buckets
 from slotread.engines.prefix_cache import PrefixKV
 from slotread.models.tiny import GEMMA4_VOCAB_SIZE, tiny_diffusion_gemma
 
@@ -123,6 +123,11 @@ def test_token_buckets_are_eighths_of_a_power_of_two() -> None:
     assert [token_bucket(n) for n in (1, 16, 17, 100, 128, 129, 324, 5600)] == [16, 16, 32, 112, 128, 144, 352, 5632]
     assert all(n <= token_bucket(n) < n + max(16, n / 8) for n in range(1, 5000))
     assert len({token_bucket(n) for n in range(1025, 2049)}) == 8  # eight token counts per doubling
+
+
+def test_token_buckets_list_every_bucket_a_forward_can_ask_for() -> None:
+    assert token_buckets(8192) == sorted({token_bucket(n) for n in range(1, 8193)})
+    assert len(token_buckets(8192)) == 56 and token_buckets(300) == token_buckets(288)
 
 
 def test_joint_forwards_through_layer_graphs_read_as_eager(model: DiffusionGemmaForBlockDiffusion) -> None:

@@ -28,8 +28,9 @@ from transformers import DiffusionGemmaForBlockDiffusion
 
 from bench.helpers import Naive, build, ids
 from slotread.engines.base import ReadRequest, Slot, SlotScores
-from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
+from slotread.engines.diffusion_gemma.engine import LAYER_GRAPH_TOKENS, DiffusionGemmaEngine
 from slotread.engines.diffusion_gemma.fast_paths import FastPaths
+from slotread.engines.diffusion_gemma.layer_graphs import token_buckets
 
 pytestmark = [
     pytest.mark.gpu,
@@ -240,6 +241,30 @@ def test_layer_graphs_read_as_eager(twins, generator) -> None:
                 errors(logits_of(graphed), truth),
                 errors(logits_of(reference), truth),
             )
+
+
+def test_a_prepared_engine_captures_no_layer_piece_while_reading(twins, generator) -> None:
+    """After ``prepare`` (a server's start-up), a schema's encoder forward and mixed decisions' joint
+    forwards (``cuda_graphs`` off, so every forward runs through layer pieces) replay pieces and
+    capture none, the encoder's replaying the decoder's (``LayerGraphs.share``); and they read as the
+    eager forwards do against float32 (``as_accurate``)."""
+    exact, rounded = twins
+    canvas_read = reader(generator)
+    schema = ids(generator, 700)
+    reads = [canvas_read((schema, ids(generator, 20 + 53 * k)), 16, q) for k in range(6) for q in range(1 + k % 3)]
+    engine = DiffusionGemmaEngine(rounded, fast=FastPaths(cuda_graphs=False))
+    engine.prepare()
+    captured = engine.counters()["layer_graph_captures"]
+    layers = len(rounded.config.get_text_config().layer_types)
+    assert captured == len(token_buckets(LAYER_GRAPH_TOKENS)) * (layers + 2)  # the encoder's last piece its own
+    engine.read([canvas_read((schema,), 16, 0)])  # the schema cached
+    graphed = engine.read(reads)
+    counters = engine.counters()
+    assert counters["layer_graph_captures"] == captured and counters["layer_graph_replays"] > 0
+    assert counters["encode_forwards"] > 0  # the schema's, through the encoder's (shared) pieces
+    truth = logits_of(DiffusionGemmaEngine(exact, fast=REFERENCE).read(reads))
+    eager = DiffusionGemmaEngine(rounded, fast=EAGER).read(reads)
+    assert as_accurate("prepared layer graphs", errors(logits_of(graphed), truth), errors(logits_of(eager), truth))
 
 
 def test_attention_kernels_agree(twins, generator) -> None:

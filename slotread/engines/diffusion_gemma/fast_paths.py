@@ -66,7 +66,7 @@ class FastPaths:
             # float32 grouped GEMMs copy their offsets to the host, which a graph cannot capture
             cuda_graphs=self.cuda_graphs and gpu and model.dtype == torch.bfloat16,
             layer_graphs=self.layer_graphs and gpu and model.dtype == torch.bfloat16,
-            joint_encode=self.joint_encode and not deterministic and tied(model),
+            joint_encode=self.joint_encode and not deterministic and _tied_or_told(model),
             cudnn_attention=self.cudnn_attention and gpu and not invariant,
             flash_attention=self.flash_attention and gpu and not invariant,
             triton_kernels=self.triton_kernels and gpu and kernels.AVAILABLE,
@@ -112,14 +112,20 @@ def taken() -> FastPaths:
 
 def tied(model: DiffusionGemmaForBlockDiffusion) -> bool:
     """Whether the encoder's layers, embedding and rotary tables are the decoder's (tied parameters,
-    equal buffers), so a joint forward may run new prompt tokens through the decoder's modules."""
+    equal buffers), so a joint forward may run new prompt tokens through the decoder's modules, and
+    the encoder's forwards may replay graph pieces captured over the decoder's."""
     encoder, decoder = model.model.encoder.language_model, model.model.decoder
     pairs = [(getattr(encoder, name), getattr(decoder, name)) for name in ("layers", "embed_tokens", "rotary_emb")]
-    is_tied = all(
+    return all(
         all(a is b for a, b in zip(mine.parameters(), theirs.parameters(), strict=True))
         and all(torch.equal(a, b) for a, b in zip(mine.buffers(), theirs.buffers(), strict=True))
         for mine, theirs in pairs
     )
-    if not is_tied:
-        logger.warning("the encoder's layers are not tied to the decoder's: no joint encoding")
-    return is_tied
+
+
+def _tied_or_told(model: DiffusionGemmaForBlockDiffusion) -> bool:
+    """``tied``, with a warning where it is not (joint encoding was asked for)."""
+    if tied(model):
+        return True
+    logger.warning("the encoder's layers are not tied to the decoder's: no joint encoding")
+    return False

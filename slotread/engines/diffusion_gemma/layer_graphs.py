@@ -41,6 +41,7 @@ from slotread.engines.diffusion_gemma.layer import (
     before_attention,
     by_stream,
     merged,
+    rotary_tables,
     run_layers,
 )
 
@@ -55,6 +56,14 @@ def token_bucket(tokens: int) -> int:
     (or 15), eight token counts per doubling (each L + 1 graphs)."""
     step = 1 << max(4, (tokens - 1).bit_length() - 4)
     return -(-tokens // step) * step
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """Every ``token_bucket`` up to ``max_tokens``, in order."""
+    buckets = [16]
+    while (following := token_bucket(buckets[-1] + 1)) <= max_tokens:
+        buckets.append(following)
+    return buckets
 
 
 @dataclass
@@ -73,16 +82,17 @@ class LayerGraphs:
     """Runs ``layer.run_layers`` as captured pieces between eager attention calls (the module
     docstring); forwards of more than ``max_tokens`` tokens run as ``run_layers`` does.
 
-    Every piece captured is kept. Their keys are few by construction: per model (the encoder and the
-    decoder) and per token bucket up to ``max_tokens``, the L + 1 pieces and the last one without its
-    feed-forward, at most 2 x 56 x 32 = 3,584 on the 26B-A4B shape at 8,192 tokens; and a piece holds
-    only its kernels (the pieces share their buffers, and their memory pool). Keeping the last 1,024
-    used, mixed traffic kept evicting pieces and capturing them again: W2 at concurrency 32 on an
-    H200 captured 465 in a 10 s timed phase (bench/RESULTS.md)."""
+    Every piece captured is kept. Their keys are few by construction: per token bucket up to
+    ``max_tokens``, the L + 1 pieces and the last one without its feed-forward (the encoder's, whose
+    other pieces are the decoder's: ``share``), 56 x 32 = 1,792 on the 26B-A4B shape at 8,192 tokens;
+    and a piece holds only its kernels (the pieces share their buffers, and their memory pool).
+    Keeping the last 1,024 used, mixed traffic kept evicting pieces and capturing them again; a server
+    captures them all at start-up (``capture``)."""
 
     def __init__(self, max_tokens: int) -> None:
         self._max_tokens = max_tokens
         self._graphs: dict[tuple[object, ...], torch.cuda.CUDAGraph] = {}
+        self._same: dict[int, int] = {}  # a model whose pieces are another's (``share``): by id
         self._asked: set[tuple[object, ...]] = set()  # keys run eagerly once
         self._buffers: _Buffers | None = None
         self._pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
@@ -114,7 +124,7 @@ class LayerGraphs:
         count = len(layers)
         for piece in range(count + 1):
             feed_forward = last_feed_forward or piece < count  # of the layer before the piece
-            key = (id(model), piece, padded, feed_forward, hidden.dtype)
+            key = (self._same.get(id(model), id(model)), piece, padded, feed_forward, hidden.dtype)
             self._run(key, functools.partial(self._piece, layers, layer_types, piece, padded, feed_forward))
             if piece == count:
                 break
@@ -124,6 +134,31 @@ class LayerGraphs:
             attended = merged(outputs, streams)
             _padded_copy(buffers.attended[: padded * attended.shape[1]].view(padded, -1), attended)
         return buffers.hidden[count % 2][:tokens].clone()
+
+    def share(self, model: Model, like: Model) -> None:
+        """Replay ``like``'s pieces for ``model``, whose layers are tied to ``like``'s (DiffusionGemma's
+        encoder and decoder: a piece captured over one reads the same weights as the other's, and
+        buffers of equal values; ``fast_paths.tied``): half the captures."""
+        self._same[id(model)] = id(like)
+
+    def capture(self, model: Model, layer_types: Sequence[str], last_feed_forward: bool) -> None:
+        """Capture every piece of ``model``'s forwards (``last_feed_forward`` as ``run`` takes it) at
+        every token bucket now, so that no forward captures one under traffic (W2 at concurrency 32
+        on an H200 captured 465 in a 10 s timed phase, its calls 3.4x slower than replayed, bench/
+        RESULTS.md). Each bucket runs twice through ``run``: the first asks for its pieces, the second
+        captures them. Attention is left out (its output is the queries): the pieces' kernels do not
+        depend on what flows through them."""
+        param = next(model.parameters())
+        if not param.is_cuda or self._failed:
+            return
+        positions = torch.arange(self._max_tokens, device=param.device)
+        embed = model.embed_tokens
+        hidden = embed(positions % embed.num_embeddings)  # varied tokens: the experts route as in real traffic
+        rotary = rotary_tables(model, layer_types, hidden[None], positions[None])
+        for tokens in token_buckets(self._max_tokens):
+            tables = {kind: (cos[:tokens], sin[:tokens]) for kind, (cos, sin) in rotary.items()}
+            for _ in range(2):
+                self.run(model, layer_types, hidden[:tokens], [(1, tokens)], tables, _queries, last_feed_forward)
 
     def _piece(self, layers: list[Layer], layer_types: Sequence[str], piece: int, padded: int, ff: bool) -> None:
         """Piece ``piece`` over the buffers' first ``padded`` rows: the rest of layer ``piece - 1``
@@ -197,6 +232,13 @@ class LayerGraphs:
             self._buffers = buffers
             self._graphs.clear()  # captured over the old buffers
         return buffers
+
+
+def _queries(
+    index: int, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """An ``Attend`` that returns the queries, shaped as attention's output (``capture``)."""
+    return queries
 
 
 def _unlike(static: tuple[torch.Tensor, torch.Tensor] | None, tables: tuple[torch.Tensor, torch.Tensor]) -> bool:
