@@ -12,14 +12,16 @@ its ``retry-after-ms``, as the official SDK does), first for ``--warmup`` second
 ``--seconds``. Around the timed phase the client reads the server's ``/metrics``: the engine's prefix
 cache hits and misses, prompt and canvas tokens computed, CUDA graph captures (of whole forwards and
 of layer pieces), and the process's CPU time, each per decision, and how busy the engine was (its
-seconds in calls over wall time) with the decisions per engine call; behind a gateway also the replicas'
-CPU time (``/proc/PID/stat``; they run on this host). ``--profile`` samples the server's (and
-replicas') stacks with py-spy through each timed phase, busy threads and the GIL's holder, and prints
-where they were (``bench/stack_profile.py``). ``--torch-profile N`` starts each process that runs an
+seconds in calls over wall time) with the decisions per engine call; also the CPU time of the server's
+engine process (``--engine-process``, on a GPU by default) or, behind a gateway, of the replicas
+(``/proc/PID/stat``; they run on this host). ``--profile`` samples the server's (and its engine
+process's or replicas') stacks with py-spy through each timed phase, busy threads and the GIL's
+holder, and prints where they were (``bench/stack_profile.py``). ``--torch-profile N`` starts each process that runs an
 engine through ``bench/call_profile.py`` and has it profile N engine calls from each timed phase's
 start with torch's profiler: per call its reads, its time and the gap before it, the top kernels, and
 where the GPU sat idle (the profiler slows the host; time and profile in separate runs; CPU only for now,
-see ``bench/call_profile.py``).
+see ``bench/call_profile.py``; it profiles the process it starts, so an engine process's calls need
+``SLOTREAD_ENGINE_PROCESS=false``).
 ``--engine-only`` then loads the model in this process and times ``Engine.read`` alone on the reads the
 Decider renders for the same requests (a diagnostic).
 
@@ -348,6 +350,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (a server's engine process, ``--engine-process``), from Linux's
+    ``/proc/PID/task/TID/children``."""
+    return [
+        int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
+
+
 def client_main(args: argparse.Namespace) -> None:
     """Warm up, then a timed phase between two scrapes; prints one JSON line."""
     asyncio.run(drive(args.url, args.workload, args.concurrency, args.warmup, seed=1))
@@ -406,7 +416,7 @@ def row(topology: str, workload: str, concurrency: int, result: dict[str, Any], 
 HEADER = (
     "| topology | workload | c | decisions/s | p50 ms | p99 ms | statuses | new tokens/dec | bf16 peak | "
     "cache hits / misses per dec | graph captures: forwards / layer pieces | host CPU ms/dec | "
-    "replica CPU ms/dec | engine busy / decisions per call | vision runs/dec |\n"
+    "engine process / replica CPU ms/dec | engine busy / decisions per call | vision runs/dec |\n"
     "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"
 )
 
@@ -414,9 +424,11 @@ HEADER = (
 def profiled(
     args: argparse.Namespace, topology: str, server: subprocess.Popen[bytes], replicas: list[subprocess.Popen[bytes]]
 ) -> str:
-    """The processes ``--profile`` samples, as the client's ``--profile`` takes them (NAME=PID,...)."""
-    named = [(topology, server), *((f"engine-{index}", replica) for index, replica in enumerate(replicas))]
-    return ",".join(f"{name}={process.pid}" for name, process in named) if args.profile else ""
+    """The processes ``--profile`` samples, as the client's ``--profile`` takes them (NAME=PID,...): the
+    server and its replicas or its engine process."""
+    engines = [replica.pid for replica in replicas] or children(server.pid)
+    named = [(topology, server.pid), *((f"engine-{index}", pid) for index, pid in enumerate(engines))]
+    return ",".join(f"{name}={pid}" for name, pid in named) if args.profile else ""
 
 
 def wrapper(args: argparse.Namespace, report: Path, recording: Path) -> list[str]:
@@ -536,7 +548,7 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path, recordings: 
                         "--warmup",
                         str(args.warmup),
                         "--replica-pids",
-                        ",".join(str(replica.pid) for replica in replicas),
+                        ",".join(str(pid) for pid in [replica.pid for replica in replicas] or children(server.pid)),
                         "--arm",
                         ",".join(str(trigger) for trigger in armed),
                         "--dump",

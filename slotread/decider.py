@@ -7,13 +7,14 @@ Decider loads only the tokenizer, renders the reads itself, and sends them to re
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
+from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel, PreTrainedTokenizerBase
 
 import slotread.pipeline as pipeline
 from slotread.api.bank_file import read_bank
@@ -25,6 +26,7 @@ from slotread.engines.diffusion_gemma.engine import DiffusionGemmaEngine
 from slotread.engines.diffusion_gemma.fast_paths import FastPaths
 from slotread.engines.masked import MaskedEngine
 from slotread.engines.prefix_cache import PrefixCache
+from slotread.engines.process import ProcessEngine
 from slotread.engines.remote.engine import RemoteEngine
 from slotread.errors import CalibrationError, ExampleBankError, ModelLoadError
 from slotread.models.encoder import SentenceEncoder, load_encoder
@@ -96,6 +98,22 @@ def make_engine(
     raise ModelLoadError(loaded.name, f"no in-process engine reads a {type(model).__name__}")
 
 
+def engine_of(
+    model: str,
+    cache_dir: Path | None,
+    device: str,
+    dtype: torch.dtype,
+    prefix_cache_bytes: int | None,
+    max_batch: int | None,
+    deterministic: bool,
+    slow_paths: Sequence[str],
+) -> tuple[str, PreTrainedTokenizerBase, Engine]:
+    """``model`` loaded and its engine made (``make_engine``): an engine process's build
+    (``ProcessEngine``, which runs it in that process); returns the model's name, tokenizer and engine."""
+    loaded = load_model(model, cache_dir=cache_dir, device=device, dtype=dtype)
+    return loaded.name, loaded.tokenizer, make_engine(loaded, prefix_cache_bytes, max_batch, deterministic, slow_paths)
+
+
 def read_example_bank(path: Path) -> ExampleBank:
     """An example bank file (format: ``slotread.api.bank_file``) as a bank a Decider serves."""
     data = read_bank(path)
@@ -128,6 +146,7 @@ class Decider:
         max_batch: int | None = None,
         deterministic: bool = DEFAULTS.deterministic,
         slow_paths: Sequence[str] = (),
+        engine_process: bool = DEFAULTS.engine_process,
         max_questions: int = DEFAULTS.max_questions,
         max_samples: int = DEFAULTS.max_samples,
         max_options: int = DEFAULTS.max_options,
@@ -140,6 +159,8 @@ class Decider:
         encoder: str | SentenceEncoder | None = None,
         retrieval: Retrieval = DEFAULTS.retrieval,
     ) -> None:
+        #: the engine's own process (``engine_process``), which ``engine`` reads through
+        self.engine_process: ProcessEngine | None = None
         if upstreams:
             if isinstance(model, LoadedModel):
                 raise TypeError("a Decider with upstreams takes the model by name: it loads no weights")
@@ -155,6 +176,13 @@ class Decider:
                 timeout_s=upstream_timeout_s,
                 health_interval_s=health_interval_s,
             )
+        elif engine_process and isinstance(model, str):
+            built = functools.partial(
+                engine_of, model, cache_dir, device, dtype, prefix_cache_bytes, max_batch, deterministic, slow_paths
+            )
+            self.engine_process = ProcessEngine(built)
+            self.name, tokenizer = self.engine_process.name, self.engine_process.tokenizer
+            self.engine = self.engine_process
         else:
             loaded = (
                 model
@@ -209,9 +237,12 @@ class Decider:
         )
 
     def close(self) -> None:
-        """Release what the engine holds beyond memory: a remote engine's health checks and connections."""
+        """Release what the engine holds beyond memory: a remote engine's health checks and connections,
+        an engine process."""
         if isinstance(self.engine, RemoteEngine):
             self.engine.close()
+        if self.engine_process is not None:
+            self.engine_process.close()
 
     def renderer_for(self, layout: Layout) -> Renderer:
         """The renderer of this model in a prompt layout (learned readouts may be fitted in another one)."""

@@ -47,6 +47,19 @@ class ErrorDetail(TypedDict):
 class SlotreadError(Exception):
     """Base class of every error slotread raises on purpose."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its message and fields, not its constructor's arguments (which differ between
+        # subclasses): an engine process's errors reach the server with their type (engines/process.py).
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(kind: type[SlotreadError], args: tuple[Any, ...], fields: dict[str, Any]) -> SlotreadError:
+    """A pickled ``SlotreadError`` again, its ``__init__`` not called."""
+    error = kind.__new__(kind)
+    Exception.__init__(error, *args)
+    error.__dict__.update(fields)
+    return error
+
 
 class InvalidRequest(SlotreadError):
     """The request is malformed; ``detail`` lists every problem found, each located."""

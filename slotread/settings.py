@@ -45,7 +45,7 @@ GATEWAY_CONCURRENCY = 32
 #: On a GPU a forward of 100 canvases costs little more than one of 10 (the weights are read once
 #: either way), so many decisions run at once and a queue that deep still answers in time; these
 #: replace the CPU defaults of the fields not set explicitly.
-GPU_DEFAULTS: dict[str, Any] = {"max_concurrency": 32, "queue_size": 256}
+GPU_DEFAULTS: dict[str, Any] = {"max_concurrency": 32, "queue_size": 256, "engine_process": True}
 #: canvases (rows) of one forward on a GPU unless ``max_batch`` says otherwise (``decider.make_engine``)
 GPU_BATCH = 128
 #: the most decisions a server runs at once
@@ -157,6 +157,10 @@ class DeciderSettings(ReadSettings):
     #: seconds between health checks of each upstream replica; a 503 for want of replicas says to
     #: retry after this long
     health_interval_s: float = Field(2.0, gt=0)
+    #: run the in-process engine in a process of its own (``engines/process.py``), so the server's
+    #: Python (HTTP, decisions) never makes the engine's kernel launches wait for the GIL: on by
+    #: default on a GPU (``GPU_DEFAULTS``), off on the CPU; not with ``upstreams`` (no engine here)
+    engine_process: bool = False
     #: images one request may carry (System One ``images`` and ``assets``, OpenAI ``input_image`` parts); only
     #: a model with a vision tower read in process (DiffusionGemma) takes any, others answer a 422
     max_images: int = Field(DEFAULT_IMAGE_LIMITS.count, ge=0, le=64)
@@ -194,6 +198,12 @@ class DeciderSettings(ReadSettings):
     def image_limits(self) -> ImageLimits:
         """The limits on a request's images, as the Decider takes them."""
         return ImageLimits(self.max_images, self.max_image_bytes, self.max_image_pixels)
+
+    @model_validator(mode="after")
+    def _engine_process_needs_an_engine(self) -> DeciderSettings:
+        if self.engine_process and self.upstreams:
+            raise SettingsError("engine_process: with upstreams the engines are the replicas; leave one of them out")
+        return self
 
     @field_validator("upstreams")
     @classmethod

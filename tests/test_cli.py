@@ -205,6 +205,7 @@ def test_a_gateway_without_a_model_names_upstreams_that_do_not_say_theirs(capsys
         ["--calibration", "/no/such/dir"],
         ["--max-permutations", "0"],
         ["--example-bank", "/no/such/bank.jsonl"],
+        ["--engine-process", "--upstream", "http://127.0.0.1:9"],
     ],
 )
 def test_serve_refuses_bad_settings_before_starting(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -46,9 +46,11 @@ def test_cpu_defaults_run_on_a_laptop() -> None:
 def test_a_gpu_raises_the_limits_not_set_explicitly() -> None:
     gpu = Settings(device="cuda")
     assert (gpu.max_concurrency, gpu.queue_size) == (GPU_DEFAULTS["max_concurrency"], GPU_DEFAULTS["queue_size"])
+    assert gpu.engine_process and not Settings().engine_process  # its own process on a GPU only
+    assert not Settings(device="cuda", engine_process=False).engine_process
     assert Settings(device="cuda:1", queue_size=8).queue_size == 8  # an explicit value wins
     gateway = Settings(device="cuda", upstreams=["http://127.0.0.1:8001"])  # the replicas hold the GPU
-    assert (gateway.max_concurrency, gateway.queue_size) == (GATEWAY_CONCURRENCY, 16)
+    assert (gateway.max_concurrency, gateway.queue_size, gateway.engine_process) == (GATEWAY_CONCURRENCY, 16, False)
 
 
 def test_a_gateway_runs_what_its_replicas_take() -> None:
@@ -166,6 +168,10 @@ def test_a_bad_environment_value_is_a_settings_error(monkeypatch: pytest.MonkeyP
         ({"api_keys": "/no/such/file"}, "api_keys: /no/such/file is not a file"),
         ({"calibration_dir": "/no/such/dir"}, "calibration_dir: /no/such/dir is not a directory"),
         ({"example_banks": ["/no/such/bank.jsonl"]}, "example_banks: /no/such/bank.jsonl is not a file"),
+        (
+            {"engine_process": True, "upstreams": ["http://a:1"]},
+            "engine_process: with upstreams the engines are the replicas",
+        ),
     ],
 )
 def test_bad_server_settings_raise_settings_errors(values: dict[str, Any], message: str) -> None:

@@ -44,6 +44,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
     )
     add_slow_path_flag(serve)
+    flag(
+        "--engine-process",
+        "run the engine in a process of its own, so the server's Python never makes its kernel launches "
+        "wait (default: on a GPU, not on the CPU)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+    )
     flag("--host", "address to listen on (default {host})")
     flag("--port", "port to listen on (default {port})", type=int)
     flag("--api-keys", "file of API keys, one key or sha256:<hex> per line; without it auth is off", type=Path)

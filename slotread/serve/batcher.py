@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slotread.engines.base import Engine, Family, ReadRequest, SlotScores
-from slotread.engines.thought import Thinker, ThoughtRequest
+from slotread.engines.thought import Thinker, ThoughtRequest, can_think
 
 #: how long a call may wait for callers to queue: this share of the last call's time, and at most MAX_GATHER_S
 GATHER_SHARE = 0.1
@@ -91,7 +91,7 @@ class BatchingEngine:
         #: the engine's image reader, if it reads images (``engines.base.vision_of``)
         self.vision = getattr(engine, "vision", None)
         #: whether the wrapped engine writes thoughts (``engines.thought.can_think``)
-        self.thinks = isinstance(engine, Thinker)
+        self.thinks = can_think(engine)
         self._pending: list[_Job] = []
         self._running = 0  # jobs in the engine call under way
         self._most = 0  # the most jobs waiting or running at once since the last call began
@@ -116,7 +116,7 @@ class BatchingEngine:
 
     def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
         """The wrapped engine's thoughts for ``requests``, possibly in one call with other threads' thoughts."""
-        if not isinstance(self.engine, Thinker):
+        if not self.thinks:
             raise ValueError(f"the {type(self.engine).__name__} writes no thoughts")
         thoughts: list[tuple[int, ...]] = self._submit(_Job(True, list(requests)))
         return thoughts

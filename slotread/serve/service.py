@@ -114,22 +114,37 @@ class DecisionService:
 
     @property
     def ready(self) -> bool:
-        """Whether decisions can be answered: the model is loaded and, with upstreams, one is in rotation."""
+        """Whether decisions can be answered: the model is loaded, its engine's process (if it has one)
+        runs and, with upstreams, one is in rotation."""
         remote = self.upstreams
-        return self.decider is not None and self._pool is not None and (remote is None or remote.pool.any_up)
+        return (
+            self.decider is not None
+            and self._pool is not None
+            and not self.engine_exited
+            and (remote is None or remote.pool.any_up)
+        )
+
+    @property
+    def engine_exited(self) -> bool:
+        """Whether the engine's own process (``--engine-process``) has ended: only a restart helps."""
+        process = self.decider.engine_process if self.decider is not None else None
+        return process is not None and process.exit_code is not None
 
     @property
     def unready_reason(self) -> str:
-        """Why decisions cannot be answered yet."""
+        """Why decisions cannot be answered (yet)."""
         if self.load_error:
             return f"the model failed to load: {self.load_error}"
+        if self.engine_exited:
+            assert self.decider is not None and self.decider.engine_process is not None
+            return self.decider.engine_process.exited()
         if self.upstreams is not None:
             return "no upstream replica is in rotation"
         return "the model is loading"
 
     def ready_decider(self) -> Decider:
         """The Decider, or NotReady saying why there is none."""
-        if self.decider is None or self._pool is None:
+        if self.decider is None or self._pool is None or self.engine_exited:
             raise NotReady(self.unready_reason)
         return self.decider
 

@@ -1,6 +1,6 @@
 """DiffusionGemma's eyes: Gemma-4's image processor and vision tower, run once per image.
 
-``prepare`` resizes an image as transformers' Gemma-4 image processor does (aspect ratio kept, as
+``prepare`` (``ImagePreparer``) resizes an image as transformers' Gemma-4 image processor does (aspect ratio kept, as
 many ``patch_size`` patches as ``max_soft_tokens`` pooled soft tokens allow, sides multiples of
 ``pooling_kernel_size * patch_size``), patchifies it and gives it a *handle*: a negative id drawn from
 the image bytes' sha256 that stands for its soft tokens in the prompt ids (``engines.base.ImageInput``).
@@ -36,13 +36,14 @@ def image_handle(digest: bytes) -> int:
     return -1 - int.from_bytes(digest[:7], "little")
 
 
-class GemmaVision:
-    """Prepares images for a DiffusionGemma model and runs its vision tower, keeping the features."""
+class ImagePreparer:
+    """Gemma-4's image processor for one model: resizes and patchifies an image and gives it its handle
+    and prompt ids. It pickles (without its processor and kept images): a server whose engine runs in
+    a process of its own prepares images where it parses requests (``engines/process.py``)."""
 
-    def __init__(self, model: DiffusionGemmaForBlockDiffusion, max_soft_tokens: int = SOFT_TOKENS) -> None:
+    def __init__(self, config: Any, max_soft_tokens: int = SOFT_TOKENS) -> None:
         from transformers.models.gemma4 import Gemma4VisionConfig
 
-        config = model.config
         vision = config.vision_config
         assert isinstance(vision, Gemma4VisionConfig), "a DiffusionGemma without a vision tower reads no image"
         self._processor_options = {
@@ -51,15 +52,12 @@ class GemmaVision:
             "max_soft_tokens": max_soft_tokens,
         }
         self._processor: Any = None  # built with the first image: text reads need no pillow
-        self._encoder = model.model.encoder
-        self._dtype = model.dtype
-        self._device = model.device
         assert config.boi_token_id is not None and config.eoi_token_id is not None
         self.begin, self.end = int(config.boi_token_id), int(config.eoi_token_id)
-        self._features: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._prepared: OrderedDict[bytes, ImageInput] = OrderedDict()
-        self.runs = 0  # images the tower has read
-        self.hits = 0  # images found among the kept features
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_processor": None, "_prepared": OrderedDict()}
 
     def prepare(self, pixels: np.ndarray, digest: bytes) -> ImageInput:
         """The image (RGB (H, W, 3) uint8) resized, patchified and padded as the processor does (a recent
@@ -85,6 +83,24 @@ class GemmaVision:
         if len(self._prepared) > KEPT_PREPARED:
             self._prepared.popitem(last=False)
         return prepared
+
+
+class GemmaVision:
+    """Prepares images for a DiffusionGemma model (``preparer``) and runs its vision tower, keeping the
+    features."""
+
+    def __init__(self, model: DiffusionGemmaForBlockDiffusion, max_soft_tokens: int = SOFT_TOKENS) -> None:
+        self.preparer = ImagePreparer(model.config, max_soft_tokens)
+        self._encoder = model.model.encoder
+        self._dtype = model.dtype
+        self._device = model.device
+        self._features: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.runs = 0  # images the tower has read
+        self.hits = 0  # images found among the kept features
+
+    def prepare(self, pixels: np.ndarray, digest: bytes) -> ImageInput:
+        """``ImagePreparer.prepare``."""
+        return self.preparer.prepare(pixels, digest)
 
     def features(self, images: Iterable[ImageInput]) -> dict[int, torch.Tensor]:
         """Each image's soft-token embeddings (tokens, hidden) in the model's dtype, by handle; the tower

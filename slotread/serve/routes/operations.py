@@ -1,5 +1,5 @@
-"""Operations: ``/healthz`` (the process answers), ``/readyz`` (the model is loaded and, on a gateway, an
-upstream replica is in rotation), ``/metrics``.
+"""Operations: ``/healthz`` (the process answers and its engine runs), ``/readyz`` (the model is
+loaded and, on a gateway, an upstream replica is in rotation), ``/metrics``.
 
 None of these needs an API key: load balancers and Prometheus scrape them without one.
 """
@@ -16,9 +16,12 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", summary="The server process is up")
-async def healthz() -> dict[str, str]:
-    """Always ``{"status": "ok"}`` while the process serves HTTP."""
-    return {"status": "ok"}
+async def healthz(service: ServiceDep) -> JSONResponse:
+    """``{"status": "ok"}`` while the process serves HTTP; 503 once its engine's own process
+    (``--engine-process``) has ended, which only a restart mends."""
+    if service.engine_exited:
+        return JSONResponse({"status": "engine_exited", "reason": service.unready_reason}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/readyz", summary="The model is loaded and decisions are answered")
