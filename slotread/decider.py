@@ -129,7 +129,8 @@ class Decider:
     Loading raises ModelLoadError naming the model and why (a tokenizer that cannot provide the
     single-token labels slotread reads included), CalibrationError for an unreadable calibration
     artifact, ExampleBankError when two banks serve one question schema. ``close`` stops a remote
-    engine's health checks.
+    engine's health checks and an engine process (``engine_process``, which loads the model by name
+    in a process of its own).
     """
 
     def __init__(
@@ -176,7 +177,9 @@ class Decider:
                 timeout_s=upstream_timeout_s,
                 health_interval_s=health_interval_s,
             )
-        elif engine_process and isinstance(model, str):
+        elif engine_process:
+            if isinstance(model, LoadedModel):
+                raise TypeError("a Decider with engine_process takes the model by name: its process loads it")
             built = functools.partial(
                 engine_of, model, cache_dir, device, dtype, prefix_cache_bytes, max_batch, deterministic, slow_paths
             )

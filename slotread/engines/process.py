@@ -5,11 +5,12 @@ giving the GIL up and taking it back. In one process with the server, every deci
 event loop that want the GIL in the meantime make the engine's thread wait for it: on an H200 the
 server's W1 calls took 1.36x as long as the same calls replayed alone, and the gateway topology
 (its engine in a ``slotread engine`` process) served more than the in-process server (94 decisions/s
-against 79; bench/RESULTS.md). ``ProcessEngine`` builds the engine in a child Python (CUDA cannot
-be forked; ``build`` is pickled, so a module-level function or a partial of one) and sends each
-call's reads down a pipe, pickled whole (a prompt segment shared by the
-call's reads is pickled once); the child reads them in its main thread and sends the scores back
-with the engine's counters. The child's GIL is its engine's.
+against 79). With the engine here they take 1.00-1.03x (bench/RESULTS.md).
+
+``ProcessEngine`` builds the engine in a child Python (CUDA cannot be forked; ``build`` is pickled,
+so a module-level function or a partial of one) and sends each call's reads down a pipe, pickled
+whole (a prompt segment shared by the call's reads is pickled once); the child reads them in its
+main thread and sends the scores back with the engine's counters. The child's GIL is its engine's.
 
 Calls are one at a time (a lock; the server's ``BatchingEngine`` makes one call at a time anyway). An
 exception a read raises in the child is raised again here (its type kept where it pickles). The child
@@ -71,7 +72,7 @@ class ProcessEngine:
 
     def __init__(self, build: Build) -> None:
         ours, theirs = multiprocessing.Pipe()
-        level = logging.getLogger().getEffectiveLevel()
+        level = logging.getLogger("slotread").getEffectiveLevel()  # the CLI's --log-level
         # a fresh interpreter (CUDA cannot be forked) that imports only this module: multiprocessing's
         # spawn would import the parent's __main__ again, which a caller's unguarded script runs
         self._process = subprocess.Popen(
@@ -149,7 +150,8 @@ class ProcessEngine:
 def serve(fd: int, level: int) -> None:
     """The child (``ProcessEngine`` starts it): build the engine the first message sends, then answer
     calls until told to stop or the pipe closes."""
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s (engine process): %(message)s")
+    logging.basicConfig(format="%(levelname)s %(name)s (engine process): %(message)s")
+    logging.getLogger("slotread").setLevel(level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the parent's to handle: it stops us
     pipe = Connection(fd)
     engine: Engine | None = None

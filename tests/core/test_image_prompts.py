@@ -85,7 +85,7 @@ def test_staged_reads_restate_earlier_answers_after_the_image(
     assert "Photo:" in before and "and a caption." in after
     # the image sits between begin and end tokens, its soft tokens as many as the processor made
     start = ids.index(handle)
-    assert ids[start - 1] == engine.vision.begin and ids[end] == engine.vision.end
+    assert ids[start - 1] == engine.vision.preparer.begin and ids[end] == engine.vision.preparer.end
     assert end - start == later.images[0].tokens
     # usage counts the soft tokens as input
     assert result.input_tokens >= 2 * later.images[0].tokens

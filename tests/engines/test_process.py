@@ -92,9 +92,11 @@ def test_a_bad_read_raises_here_and_the_engine_reads_on(decider: Decider) -> Non
     assert engine.counters()  # the engine's counters came back with the reply
 
 
-def test_a_model_that_does_not_load_is_named(tmp_path: Path) -> None:
+def test_a_model_that_does_not_load_is_named(tmp_path: Path, tiny_diffusion: LoadedModel) -> None:
     with pytest.raises(ModelLoadError, match="no-such-model"):
         Decider(str(tmp_path / "no-such-model"), engine_process=True)
+    with pytest.raises(TypeError, match="takes the model by name"):  # loaded weights stay in this process
+        Decider(tiny_diffusion, engine_process=True)
 
 
 def test_a_dead_engine_process_makes_the_server_answer_503_and_unready(tiny_diffusion_dir: Path) -> None:
