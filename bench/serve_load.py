@@ -421,12 +421,17 @@ HEADER = (
 )
 
 
+def engine_pids(server: subprocess.Popen[bytes], replicas: list[subprocess.Popen[bytes]]) -> list[int]:
+    """The processes running the engines: the gateway's replicas, else the server's engine process (if any)."""
+    return [replica.pid for replica in replicas] or children(server.pid)
+
+
 def profiled(
     args: argparse.Namespace, topology: str, server: subprocess.Popen[bytes], replicas: list[subprocess.Popen[bytes]]
 ) -> str:
     """The processes ``--profile`` samples, as the client's ``--profile`` takes them (NAME=PID,...): the
     server and its replicas or its engine process."""
-    engines = [replica.pid for replica in replicas] or children(server.pid)
+    engines = engine_pids(server, replicas)
     named = [(topology, server.pid), *((f"engine-{index}", pid) for index, pid in enumerate(engines))]
     return ",".join(f"{name}={pid}" for name, pid in named) if args.profile else ""
 
@@ -548,7 +553,7 @@ def serve_phase(args: argparse.Namespace, topology: str, out: Path, recordings: 
                         "--warmup",
                         str(args.warmup),
                         "--replica-pids",
-                        ",".join(str(pid) for pid in [replica.pid for replica in replicas] or children(server.pid)),
+                        ",".join(str(pid) for pid in engine_pids(server, replicas)),
                         "--arm",
                         ",".join(str(trigger) for trigger in armed),
                         "--dump",
