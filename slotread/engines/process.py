@@ -31,10 +31,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from slotread.engines.base import Counted, Engine, Family, ImageReader, ReadRequest, SlotScores, vision_of
-from slotread.engines.thought import ThoughtRequest, can_think
+from slotread.engines.thought import Thinker, ThoughtRequest, can_think
 from slotread.errors import NotReady
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def serve(fd: int, level: int) -> None:
                 )
             else:
                 assert engine is not None, "described first"
-                result = engine.read(payload) if kind == "read" else getattr(engine, "think")(payload)  # noqa: B009
+                result = engine.read(payload) if kind == "read" else cast(Thinker, engine).think(payload)
             reply: tuple[str, Any] = ("done", result)
         except Exception as exc:
             reply = ("raised", _portable(exc))

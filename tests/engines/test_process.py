@@ -43,6 +43,8 @@ REQUESTS: list[dict[str, Any]] = [
             "tone": {"type": "score", "criteria": ["calm", "annoyed", "angry"]},
         },
     },
+    # a thought first (``Engine.think`` in the engine's process)
+    {"state": "My card was charged twice.", "x_think": 8, "questions": {"urgent": {"type": "noul"}}},
     # an image: prepared here, read by the vision tower in the engine's process
     {"state": "What colour is it?", "images": [png((200, 30, 30))], "questions": {"red": {"type": "noul"}}},
 ]
