@@ -11,12 +11,17 @@
     ├── UnsupportedEncoding        the request body's Content-Encoding is not gzip, zstd or identity (415)
     ├── AuthenticationFailed       the server checks API keys and the request has none or a wrong one (401)
     ├── Overloaded                 no decision slot is free and none frees up in time (529, retry-after)
+    │   └── UpstreamTimeout        the remote replicas, busy but alive, did not answer a read by its deadline
     ├── NotReady                   the model is still loading, or failed to load (503)
     ├── WireError                  a vLLM-style completions body breaks the engine wire contract
     │                              (``engines/remote/wire.py``); ``param`` names the field (400)
-    ├── UpstreamUnavailable        no remote replica could take a read: all down, busy or too slow (503, retry-after)
-    ├── UpstreamError              a remote replica refused a read or answered it malformed: the gateway and
-    │                              the replica disagree on the wire, not the caller's fault (502)
+    ├── UpstreamUnavailable        no remote replica could take a read: none in rotation, all busy, or the one
+    │                              resend of a read that failed on a replica failed too (503, retry-after)
+    ├── UpstreamError              a remote replica refused a read as malformed (4xx) or answered it
+    │                              malformed: the gateway and the replica disagree on the wire, not the
+    │                              caller's fault (502)
+    ├── ReadAbandoned              a read's caller left (its connection closed) before the engine got to it:
+    │                              it is not read (an engine server's reads past a gateway's deadline)
     ├── EngineFault                the engine returned unusable scores (NaN or infinite label logits): a fault
     │                              of the engine or the model, never of the request (500, logged)
     ├── EvalError                  an evaluation cannot run: a dataset that is missing or malformed
@@ -128,6 +133,12 @@ class Overloaded(SlotreadError):
         super().__init__(message)
 
 
+class UpstreamTimeout(Overloaded):
+    """The remote replicas did not answer a read before the decision's deadline. They are busy, not gone
+    (a replica that is gone leaves the rotation and the read goes elsewhere): a load problem, answered
+    as one (529 with retry-after)."""
+
+
 class NotReady(SlotreadError):
     """The server is up but cannot decide yet: the model is still loading, or failed to load."""
 
@@ -155,11 +166,18 @@ class UpstreamUnavailable(SlotreadError):
 
 
 class UpstreamError(SlotreadError):
-    """A remote replica refused a read (4xx, 5xx) or answered one malformed; the message says which and why.
+    """A remote replica refused a read as malformed (4xx) or answered one malformed; the message says
+    which and why.
 
     A read the gateway built from a valid request should never be refused, so this is not retried on
-    another replica: it would be refused there too.
+    another replica: it would be refused there too. (A 5xx is the replica's own failure: the read is
+    sent again elsewhere.)
     """
+
+
+class ReadAbandoned(SlotreadError):
+    """A read's caller left before the engine got to it, so it was not read: the engine's time goes to
+    the reads someone still waits for (``serve.batcher``)."""
 
 
 class EngineFault(SlotreadError):

@@ -152,8 +152,10 @@ class DeciderSettings(ReadSettings):
     #: the Decider loads only the tokenizer (``device`` and ``dtype`` are the replicas' business) and sends
     #: its reads to them (``RemoteEngine``). ``SLOTREAD_UPSTREAMS``: comma-separated
     upstreams: CommaList = Field(default_factory=list)
-    #: seconds one read may take on the upstreams, retries on other replicas included
-    upstream_timeout_s: float = Field(5.0, gt=0)
+    #: seconds a read may wait on the upstreams, resends included, where no request deadline applies (a
+    #: Decider used directly, the server's warm-up); the server's reads wait until their request's deadline
+    #: (``request_deadline_s``). Waiting long never takes a replica out of rotation: only signs it is gone do
+    upstream_timeout_s: float = Field(30.0, gt=0)
     #: seconds between health checks of each upstream replica; a 503 for want of replicas says to
     #: retry after this long
     health_interval_s: float = Field(2.0, gt=0)
@@ -247,8 +249,8 @@ class Settings(DeciderSettings):
     #: decisions waiting for a slot; one more is answered 529 at once
     queue_size: int = Field(16, ge=0, le=100_000)
     #: seconds within which a decision should be answered: a request that could not get its slot in
-    #: time to finish by then (judged from recent decision times) is answered 529 instead; under the
-    #: official SDK's 10 s timeout
+    #: time to finish by then (judged from recent decision times) is answered 529 instead; through
+    #: upstreams its reads wait until then and no longer (529 too). Under the official SDK's 10 s timeout
     request_deadline_s: float = Field(8.0, gt=0)
     #: what a 529 tells the client to wait before retrying
     retry_after_s: float = Field(1.0, gt=0)

@@ -121,7 +121,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     flag(
         "--upstream-timeout",
-        "seconds a read may take upstream, retries included (default {upstream_timeout_s:g})",
+        "seconds a read may wait upstream where no request deadline applies (the warm-up; requests wait "
+        "until their --request-deadline) (default {upstream_timeout_s:g})",
         type=float,
         dest="upstream_timeout_s",
         metavar="UPSTREAM_TIMEOUT",
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         from slotread.engines.remote.engine import upstream_model
 
         # a gateway named no model: it serves the one its replicas serve
-        adopted = upstream_model(settings.upstreams, timeout_s=settings.upstream_timeout_s)
+        adopted = upstream_model(settings.upstreams)
         settings = settings.model_copy(update={"model": adopted})
     check_source(settings.model)  # a mistyped name fails now, not after the server has started
     failed: list[BaseException] = []

@@ -12,7 +12,10 @@ float rounding only), beside the merged reads. A deterministic engine's thoughts
 decision at a time, so a thought never depends on its neighbours.
 
 If a merged batch raises, each caller's part of it runs again alone, so one failing request cannot
-fail its neighbours' decisions.
+fail its neighbours' decisions. A caller may say how to tell that nobody waits for its reads any
+more (``abandoned``: an engine server's client that hung up, a gateway past its deadline); such reads
+are dropped when their call would start (``ReadAbandoned``), so an engine that has fallen behind
+spends its time on reads someone still waits for, not on answers nobody will read.
 
 Every engine call runs in one thread of the batcher's own, whichever caller leads it. On the CPU,
 torch's kernels ran ~1.6x slower (a DiffusionGemma read: 24 ms, then 40) once a second thread had
@@ -28,6 +31,15 @@ running at once during the last call, for at most a tenth of that call's time (5
 caller never waits, nor does one that finds the engine idle since longer than a call. Where callers
 do not come back (independent requests, which a wait cannot merge), a wait that got fewer than half
 of those it waited for stops the waits for the next ``GATHER_BACKOFF`` calls.
+
+A read waits for the whole call it is in, so with ``max_call_s`` a call takes queued callers only
+while the reads it has taken would run about that long at the last calls' seconds per read (and
+always one caller). An engine server sets it (``MAX_CALL_S``): it has no admission gate of its own,
+and on an engine that reads a row at a time (SmolLM2 behind a gateway on the CPU, ~0.15 s a read)
+merging every queued read into one call gained nothing and made each read wait for all of them: the
+replica answered whole calls after the gateway's deadlines had passed, for nobody. On an engine whose
+forwards batch rows the bound is far off (an H200 reads a W1 call of 96 in ~0.3 s). The in-process
+server's gate bounds what it has taken, and its calls are not bounded.
 
 When the wait does not merge them, the two halves are kept even: a call takes at most half of the
 callers active at once (once there are ``BALANCE_FROM`` of them), unless all of them are queued; the
@@ -48,6 +60,7 @@ from typing import Any
 
 from slotread.engines.base import Engine, Family, ReadRequest, SlotScores
 from slotread.engines.thought import Thinker, ThoughtRequest, can_think
+from slotread.errors import ReadAbandoned
 
 #: how long a call may wait for callers to queue: this share of the last call's time, and at most MAX_GATHER_S
 GATHER_SHARE = 0.1
@@ -57,6 +70,9 @@ GATHER_BACKOFF = 16
 #: the callers active at once from which a call takes at most half of them (below it, a call reads
 #: whatever is queued: a small call costs about what a smaller one does)
 BALANCE_FROM = 8
+#: an engine server's ``max_call_s``: seconds of reads (at the last calls' seconds per read) a call takes
+#: at most, beyond its first caller
+MAX_CALL_S = 1.0
 
 
 @dataclass(eq=False)
@@ -66,6 +82,8 @@ class _Job:
 
     thinks: bool
     requests: list[Any]
+    #: whether nobody waits for the results any more
+    abandoned: Callable[[], bool] | None = None
     results: list[Any] | None = None
     error: BaseException | None = None
     finished: bool = field(default=False)
@@ -76,7 +94,11 @@ class BatchingEngine:
     """An ``Engine`` that serialises and merges concurrent ``read`` and ``think`` calls to ``engine``."""
 
     def __init__(
-        self, engine: Engine, observe: Callable[[int, float], None] | None = None, max_wait_s: float | None = None
+        self,
+        engine: Engine,
+        observe: Callable[[int, float], None] | None = None,
+        max_wait_s: float | None = None,
+        max_call_s: float | None = None,
     ) -> None:
         self.engine = engine
         #: called after every engine read call with its number of reads and its seconds (metrics)
@@ -84,6 +106,8 @@ class BatchingEngine:
         #: the longest a call waits for callers to queue (``_gather``); None: a tenth of the last call's time, at
         #: most MAX_GATHER_S
         self._max_wait_s = max_wait_s
+        #: seconds of reads a call takes at most beyond its first caller; None: no bound
+        self._max_call_s = max_call_s
         self.family: Family = engine.family
         self.noisy = engine.noisy
         self.max_tokens = engine.max_tokens
@@ -97,6 +121,7 @@ class BatchingEngine:
         self._most = 0  # the most jobs waiting or running at once since the last call began
         self._last_call_s = 0.0  # how long the last engine call took, and when it ended
         self._ended = 0.0
+        self._read_s: float | None = None  # running mean of the seconds per read of the read calls
         self._skip = 0  # calls left to start without a wait (``GATHER_BACKOFF``)
         self._busy = False
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="slotread-engine")  # runs every engine call
@@ -109,9 +134,10 @@ class BatchingEngine:
         with self._lock:
             return sum(len(job.requests) for job in self._pending)
 
-    def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
-        """Read ``requests``, possibly in one engine call with other threads' reads."""
-        scores: list[SlotScores] = self._submit(_Job(False, list(requests)))
+    def read(self, requests: list[ReadRequest], abandoned: Callable[[], bool] | None = None) -> list[SlotScores]:
+        """Read ``requests``, possibly in one engine call with other threads' reads; raises ReadAbandoned,
+        without reading them, if ``abandoned()`` says so when their call would start."""
+        scores: list[SlotScores] = self._submit(_Job(False, list(requests), abandoned))
         return scores
 
     def think(self, requests: list[ThoughtRequest]) -> list[tuple[int, ...]]:
@@ -150,7 +176,10 @@ class BatchingEngine:
             self._running = len(batch)
             self._most = len(batch) + len(self._pending)
         try:
-            reads = [job for job in batch if not job.thinks]
+            for job in batch:
+                if job.abandoned is not None and job.abandoned():
+                    job.error, job.finished = ReadAbandoned("the read's caller left before the engine got to it"), True
+            reads = [job for job in batch if not job.thinks and not job.finished]
             if reads:
                 self._run(reads)
             thoughts = [job for job in batch if job.thinks]
@@ -192,12 +221,19 @@ class BatchingEngine:
     def _share(self) -> int:
         """How many of the queued jobs the next call takes: all of them, or, while others are still
         on their way back from the last call, at most half of the callers active at once (the
-        module docstring says why; not after the engine sat idle for longer than the last call)."""
+        module docstring says why; not after the engine sat idle for longer than the last call); and
+        no more than ``max_call_s`` of reads beyond the first job."""
         queued = len(self._pending)
         idle = time.monotonic() - self._ended > self._last_call_s
-        if idle or self._most < BALANCE_FROM or queued >= self._most:
-            return queued
-        return min(queued, -(-self._most // 2))
+        take = queued if idle or self._most < BALANCE_FROM or queued >= self._most else min(queued, -(-self._most // 2))
+        if self._max_call_s is None or self._read_s is None:
+            return take
+        reads = len(self._pending[0].requests)
+        for index in range(1, take):
+            reads += len(self._pending[index].requests)
+            if reads * self._read_s > self._max_call_s:
+                return index
+        return take
 
     def _run(self, batch: list[_Job]) -> None:
         """Run ``batch`` (all reads or all thoughts) in one engine call; if it raises, each job alone."""
@@ -229,5 +265,7 @@ class BatchingEngine:
             return scores
         finally:
             self._last_call_s = time.monotonic() - started
+            per_read = self._last_call_s / max(1, len(requests))
+            self._read_s = per_read if self._read_s is None else 0.8 * self._read_s + 0.2 * per_read
             if self._observe is not None:
                 self._observe(len(requests), self._last_call_s)

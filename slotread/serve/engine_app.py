@@ -8,7 +8,11 @@ server listens: a server that answers is ready.
 A request is one read, or several (a ``prompt`` list of prompts, vLLM's batch form: a gateway sends
 the reads of one decision stage so, ``wire.batch_body``), which go to the engine in one call. Reads
 run in worker threads through a ``BatchingEngine``: the reads that arrive while the engine is busy
-go to it together in its next call, which the engine contract makes exact up to float rounding.
+go to it together in its next call, which the engine contract makes exact up to float rounding;
+a call takes about a second of reads at most (``batcher.MAX_CALL_S``), as each read waits for its
+whole call. A request whose client hangs up before its reads' call starts (a gateway whose decision
+passed its deadline) is not read at all: a replica that has fallen behind would otherwise spend
+itself on answers nobody reads, and fall further behind (the client gets no answer; the log says 499).
 
 Errors take vLLM's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for a body that
 breaks the contract (malformed JSON included), 404 for another model's name or an unknown route,
@@ -19,6 +23,8 @@ and its traceback is logged.
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,14 +42,16 @@ from transformers import PreTrainedModel
 from slotread.decider import make_engine
 from slotread.engines.base import Engine
 from slotread.engines.remote.wire import completion_response, parse_completions, read_request
-from slotread.errors import BodyTooLarge, InvalidRequest, UnknownModel, UnsupportedEncoding, WireError
+from slotread.errors import BodyTooLarge, InvalidRequest, ReadAbandoned, UnknownModel, UnsupportedEncoding, WireError
 from slotread.models.load import LoadedModel, load_model
-from slotread.serve.batcher import BatchingEngine
+from slotread.serve.batcher import MAX_CALL_S, BatchingEngine
 from slotread.serve.body import read_json
 from slotread.settings import EngineSettings
 
 #: A body holds token ids only: 8 MiB is over a million of them, past any model's context.
 MAX_BODY_BYTES = 8 * 2**20
+#: what nginx logs for a request whose client closed the connection first
+CLIENT_CLOSED = 499
 #: Requests (a read each, or a gateway's batch) waiting to be merged into the engine's next call,
 #: besides those in the call running now. The engines cut a call into forwards of 32 rows, so 64
 #: keeps the next forward full.
@@ -111,9 +119,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error(exc.status_code, str(exc.detail))
 
 
+async def _hang_up(request: Request, gone: threading.Event) -> None:
+    """Set ``gone`` when the client closes its connection (its body is read: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
 def create_engine_app(served: ServedEngine) -> FastAPI:
-    """The engine server app; ``served.engine`` is wrapped in a ``BatchingEngine`` unless it is one."""
-    batcher = served.engine if isinstance(served.engine, BatchingEngine) else BatchingEngine(served.engine)
+    """The engine server app; ``served.engine`` is wrapped in a ``BatchingEngine`` (its calls bounded in
+    time: ``batcher.MAX_CALL_S``) unless it is one."""
+    engine = served.engine
+    batcher = engine if isinstance(engine, BatchingEngine) else BatchingEngine(engine, max_call_s=MAX_CALL_S)
     max_model_len = batcher.max_tokens
     started = int(time.time())
     pool: ThreadPoolExecutor | None = None
@@ -131,7 +148,7 @@ def create_engine_app(served: ServedEngine) -> FastAPI:
     app = FastAPI(title="slotread engine", version="0.1.0", lifespan=lifespan)
 
     @app.post("/v1/completions", summary="Read label logprobs at a prompt's next token or a canvas's positions")
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         body = await read_json(request, MAX_BODY_BYTES)
         reads = parse_completions(
             body,
@@ -142,7 +159,15 @@ def create_engine_app(served: ServedEngine) -> FastAPI:
         )
         assert pool is not None, "the lifespan starts the pool before the first request"
         loop = asyncio.get_running_loop()
-        scores = await loop.run_in_executor(pool, batcher.read, [read_request(read) for read in reads])
+        gone = threading.Event()
+        watcher = asyncio.create_task(_hang_up(request, gone))
+        read = functools.partial(batcher.read, [read_request(read) for read in reads], abandoned=gone.is_set)
+        try:
+            scores = await loop.run_in_executor(pool, read)
+        except ReadAbandoned:
+            return Response(status_code=CLIENT_CLOSED)
+        finally:
+            watcher.cancel()
         return JSONResponse(completion_response(reads, scores, served.name))
 
     @app.get("/v1/models", summary="The served model")

@@ -95,7 +95,7 @@ class _ReplicaCollector(Collector):
         )
         sent = CounterMetricFamily(
             "slotread_upstream_requests",
-            "requests sent to the replica, by outcome (ok, failed, busy, refused)",
+            "requests sent to the replica, by outcome (ok, failed, busy, refused, moved, late: engines/remote/pool.py)",
             labels=["replica", "outcome"],
         )
         for replica in self._stats():

@@ -5,12 +5,17 @@ A decision takes a slot from the ``AdmissionGate`` (or is refused with 529), the
 The threads share an in-process engine through a ``BatchingEngine``, which reads one merged batch at
 a time; a remote engine is used by all threads at once (its replicas batch, and serialising its
 calls would leave them idle). A decision that has started runs to the end even if its client leaves: a read in progress
-cannot be interrupted, and its slot is freed when it finishes.
+cannot be interrupted, and its slot is freed when it finishes. A remote engine's reads wait until the
+decision's deadline (its arrival plus ``request_deadline_s``, ``engines.deadline``) and no longer: past
+it the decision is answered 529, with the gate's estimate of when one would fit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,8 +24,9 @@ from typing import Any
 
 from slotread.decider import Decider
 from slotread.engines.base import Counted
+from slotread.engines.deadline import answering_by
 from slotread.engines.remote.engine import RemoteEngine
-from slotread.errors import NotReady, SlotreadError, UpstreamError, UpstreamUnavailable
+from slotread.errors import NotReady, SlotreadError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from slotread.serve.admission import AdmissionGate
 from slotread.serve.auth import ApiKeys
 from slotread.serve.batcher import BatchingEngine
@@ -78,11 +84,11 @@ class DecisionService:
 
     async def _warm_up(self, decider: Decider) -> None:
         """Answer ``_WARM_UP``. Through upstreams a failed read is the replicas' state, not a failed load:
-        a replica still compiling its kernels (an H200's first read took longer than the 5 s read
-        timeout) comes back into rotation, and readiness follows the rotation."""
+        a replica still compiling its kernels (its first read can outlast ``upstream_timeout_s``) or
+        out of rotation for now answers later, and readiness follows the rotation."""
         try:
             await asyncio.to_thread(decider.decide, _WARM_UP)
-        except (UpstreamUnavailable, UpstreamError) as exc:
+        except (UpstreamUnavailable, UpstreamTimeout, UpstreamError) as exc:
             logger.warning("the warm-up decision failed on the upstreams; serving anyway: %s", exc)
 
     def _share(self, decider: Decider) -> None:
@@ -97,6 +103,7 @@ class DecisionService:
         self._share(decider)
         if isinstance(decider.engine, RemoteEngine):
             self.metrics.track_replicas(decider.engine.pool.stats)
+            self.gate.track_capacity(decider.engine.pool.in_rotation)
         else:
             batcher = decider.engine
             assert isinstance(batcher, BatchingEngine)
@@ -159,14 +166,32 @@ class DecisionService:
         NotReady or the Decider's errors. Its questions are its cost at the gate (reads grow with them)."""
         decider = self.ready_decider()
         queued = time.perf_counter()
+        deadline_s = self.settings.request_deadline_s
+        answer_by = time.monotonic() + deadline_s
         cost = len(body["questions"]) if isinstance(body, dict) and isinstance(body.get("questions"), dict) else 1
-        async with self.gate.slot(self.settings.request_deadline_s, disconnected, priority, max(1, cost)):
+        cost = max(1, cost)
+        key = _digest(body)  # a client sends a refused request again as it was: it finds its booking
+        async with self.gate.slot(deadline_s, disconnected, priority, cost, key):
             started = time.perf_counter()
             self.metrics.queue_wait.observe(started - queued)
             try:
                 loop = asyncio.get_running_loop()
-                response: dict[str, Any] = await loop.run_in_executor(self._pool, decider.decide, body, parts)
+                decide = functools.partial(_decide_by, decider, answer_by)
+                response: dict[str, Any] = await loop.run_in_executor(self._pool, decide, body, parts)
+            except UpstreamTimeout as exc:
+                raise self.gate.refusal(str(exc), deadline_s, cost, key) from exc
             finally:
                 self.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.metrics.questions.inc(len(response["answers"]))
         return response
+
+
+def _digest(body: Any) -> bytes:
+    """The request's identity at the gate (``AdmissionGate.refusal``): a digest of its body."""
+    return hashlib.blake2b(json.dumps(body, sort_keys=True, default=str).encode(), digest_size=16).digest()
+
+
+def _decide_by(decider: Decider, answer_by: float, body: Any, parts: dict[str, bytes] | None) -> dict[str, Any]:
+    """``decider.decide`` with its reads needed by ``answer_by`` (``time.monotonic()``)."""
+    with answering_by(answer_by):
+        return decider.decide(body, parts)

@@ -14,6 +14,7 @@ from slotread.core.reads import question_text
 from slotread.decider import Decider
 from slotread.engines.base import Engine, ReadRequest, SlotScores
 from slotread.engines.thought import ThoughtRequest
+from slotread.errors import ReadAbandoned
 from slotread.models.load import LoadedModel
 from slotread.serve.batcher import BatchingEngine
 from tests.serve.live import HeldEngine, ThreadsSeen
@@ -212,6 +213,26 @@ def test_a_failing_read_fails_only_its_own_caller(smollm2: LoadedModel) -> None:
         with pytest.raises(ValueError, match="bad"):
             bad.result(30)
     assert engine.batches == [1, 2, 1, 1]  # the merged batch failed, then each was read alone
+
+
+def test_reads_nobody_waits_for_any_more_are_dropped_when_their_call_would_start(smollm2: LoadedModel) -> None:
+    requests = reads(Decider(smollm2))
+    held = HeldEngine(Decider(smollm2).engine)
+    sizes: list[int] = []
+    batcher = BatchingEngine(held, observe=lambda reads, seconds: sizes.append(reads))
+    left = threading.Event()
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(batcher.read, [requests[0]], abandoned=left.is_set)  # already running: read
+        assert held.entered.wait(30)
+        gone = pool.submit(batcher.read, [requests[1], requests[2]], abandoned=left.is_set)
+        kept = pool.submit(batcher.read, [requests[3]], abandoned=lambda: False)
+        wait_until(lambda: batcher.pending == 3)
+        left.set()
+        held.release.set()
+        assert len(first.result(30)) == 1 and len(kept.result(30)) == 1
+        with pytest.raises(ReadAbandoned):
+            gone.result(30)
+    assert sizes == [1, 1]  # the abandoned caller's two reads never reached the engine
 
 
 def test_thoughts_wait_for_the_engine_and_reads_wait_for_thoughts(smollm2: LoadedModel) -> None:

@@ -169,6 +169,30 @@ def test_concurrent_reads_go_to_the_engine_in_one_batch(tiny_diffusion: LoadedMo
         assert_same_read(remote, local)
 
 
+def test_a_read_whose_client_hung_up_before_its_call_is_not_read(tiny_diffusion: LoadedModel) -> None:
+    """A gateway gives up on a read at its decision's deadline; a replica that has fallen behind must
+    not then spend its engine on it."""
+    served = ServedEngine.from_loaded(tiny_diffusion)
+    requests = [render(tiny_diffusion, [URGENT], state) for state in STATES]
+    held = HeldEngine(served.engine)
+    sizes: list[int] = []
+    batcher = BatchingEngine(held, observe=lambda reads, seconds: sizes.append(reads))
+    app = create_engine_app(ServedEngine(served.name, batcher, served.vocab_size))
+    with live_server(app, ready=False) as live, live.client() as client, ThreadPoolExecutor(3) as pool:
+        first = pool.submit(read_remote, client, requests[0], served)
+        assert held.entered.wait(30)
+        with live.client(timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
+            read_remote(impatient, requests[1], served)  # hangs up while the engine is busy
+        kept = pool.submit(read_remote, client, requests[2], served)
+        deadline = time.monotonic() + 30
+        while batcher.pending < 2:
+            assert time.monotonic() < deadline, "the reads never queued"
+            time.sleep(0.005)
+        held.release.set()
+        first.result(60), kept.result(60)
+    assert sizes == [1, 1]  # the hung-up read was dropped from the second call
+
+
 def test_a_batch_body_is_read_in_one_engine_call(tiny_diffusion: LoadedModel) -> None:
     """A gateway's reads of one stage in one body (two of them split over 207 labels) reach the engine as
     one call, and each answers what it answers alone in process."""

@@ -8,7 +8,9 @@ back into ``SlotScores`` (``wire.slot_scores``). To vLLM each body is its own re
 replica is a slotread engine, the bodies of one call go in one request (``wire.batch_body``, up to
 ``BATCH`` bodies each), which the replica reads as one engine batch: one HTTP round trip and one
 JSON body per decision stage instead of one per read. Over all callers at most ``max_in_flight``
-requests are in flight.
+requests are in flight. A call waits until its decision's deadline (``engines.deadline``), else
+``timeout_s``; the pool says what happens to a replica that is slow, and to one that is gone.
+Bodies are written and answers parsed in the calling thread: the pool's loop only moves bytes.
 
 At construction every replica is asked for ``GET /v1/models``: one serving another model stops
 start-up with ModelLoadError, and ``max_tokens`` is the smallest ``max_model_len`` among those that
@@ -21,14 +23,15 @@ stays None (learned readouts on hidden states are refused above the engine, see 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
 from slotread.engines.base import Family, ReadRequest, SlotScores
+from slotread.engines.deadline import answer_by
 from slotread.engines.remote.pool import ReplicaPool
 from slotread.engines.remote.wire import batch_body, batch_responses, completion_bodies, slot_scores
 from slotread.errors import ModelLoadError, SlotreadError, UpstreamError, WireError
@@ -40,6 +43,8 @@ COMPLETIONS = "/v1/completions"
 MAX_IN_FLIGHT = 64
 #: bodies of one call sent to a slotread replica in one request; a larger call is spread over several
 BATCH = 64
+#: how long a replica may take to list its model when the gateway starts
+LISTING_TIMEOUT_S = 5.0
 
 
 def served_length(listing: Any, model: str) -> int:
@@ -57,13 +62,13 @@ def served_length(listing: Any, model: str) -> int:
     raise ValueError(f"serves {', '.join(served) or 'no model'}, not {model!r}")
 
 
-def upstream_model(urls: Sequence[str], *, timeout_s: float) -> str:
+def upstream_model(urls: Sequence[str]) -> str:
     """The model the first replica that answers ``GET /v1/models`` serves (a gateway given no model
     serves that one); SlotreadError when none answers with exactly one model."""
     problems = []
     for url in urls:
         try:
-            response = httpx.get(f"{url}/v1/models", timeout=timeout_s)
+            response = httpx.get(f"{url}/v1/models", timeout=LISTING_TIMEOUT_S)
             response.raise_for_status()
             entries = response.json().get("data")
             ids = [entry.get("id") for entry in entries if isinstance(entry, dict)]
@@ -104,7 +109,9 @@ class RemoteEngine:
         self.deterministic = False  # the replicas' batching is theirs
         self.model = model
         self._vocab_size = vocab_size
-        self.pool = ReplicaPool(urls, timeout_s=timeout_s, health_interval_s=health_interval_s)
+        self.pool = ReplicaPool(
+            urls, timeout_s=timeout_s, health_interval_s=health_interval_s, max_in_flight=max_in_flight
+        )
         #: every replica that answered is a slotread engine: send each read's segment ends
         #: (``wire.completion_bodies``), and the reads of one call together (``wire.batch_body``)
         self.slotread = False
@@ -114,9 +121,9 @@ class RemoteEngine:
         except BaseException:
             self.pool.close()
             raise
-        self._executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="slotread-upstream")
         logger.info(
-            "remote engine: %s (%s) on %d replicas, max_tokens=%d, timeout %g s, health every %g s",
+            "remote engine: %s (%s) on %d replicas, max_tokens=%d, reads without a deadline wait %g s, "
+            "health every %g s",
             model,
             family,
             len(urls),
@@ -126,7 +133,7 @@ class RemoteEngine:
         )
 
     def read(self, requests: list[ReadRequest]) -> list[SlotScores]:
-        """One ``SlotScores`` per request, in order; raises UpstreamUnavailable or UpstreamError."""
+        """One ``SlotScores`` per request, in order; raises UpstreamTimeout, UpstreamUnavailable or UpstreamError."""
         bodies = [
             completion_bodies(request, self.family, self.model, self._vocab_size, self.slotread) for request in requests
         ]
@@ -153,17 +160,15 @@ class RemoteEngine:
 
     def _post_all(self, bodies: list[Any]) -> list[Any]:
         """POST every body to the pool at once; their answers in order. One failure cancels the rest."""
-        futures: list[Future[Any]] = [self._executor.submit(self.pool.post, COMPLETIONS, body) for body in bodies]
+        encoded = [json.dumps(body, separators=(",", ":")).encode() for body in bodies]
+        answers = self.pool.post_all(COMPLETIONS, encoded, answer_by())
         try:
-            return [future.result() for future in futures]
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+            return [json.loads(answer) for answer in answers]
+        except ValueError as exc:
+            raise UpstreamError("an upstream answered 200 with a body that is not JSON") from exc
 
     def close(self) -> None:
         """Stop sending reads and checking replicas."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
         self.pool.close()
 
     def _served_length(self) -> int:

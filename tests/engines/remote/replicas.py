@@ -1,4 +1,5 @@
-"""Real ``slotread engine`` servers in subprocesses on loopback ports, to kill, pause and restart."""
+"""Real ``slotread engine`` servers in subprocesses on loopback ports, to kill, pause and restart; and a
+replica gone bad (``failing_replica.py``) in front of one."""
 
 from __future__ import annotations
 
@@ -35,10 +36,14 @@ class Replica:
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Replica:
-        """Start the server on its port (the same one after a kill) without waiting for it."""
+    def command(self) -> list[str]:
         command = [sys.executable, "-m", "slotread.cli", "engine", "--model", self.model]
-        command += ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype]
+        return [*command, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype]
+
+    def start(self) -> Replica:
+        """Start the server on its port (the same one after a kill) without waiting for it; a restart
+        serves ``model`` as it is then."""
+        command = self.command()
         # One thread each: two replicas and the tests share a 2-core machine.
         env = {**os.environ, "PYTHONPATH": _ROOT, "OMP_NUM_THREADS": "1"}
         with self.log.open("ab") as out:
@@ -82,3 +87,15 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(30)
+
+
+class FailingReplica(Replica):
+    """A replica that answers every read 500 and lists ``real``'s model (``failing_replica.py``)."""
+
+    def __init__(self, real: Replica, log: Path) -> None:
+        super().__init__(real.model, log)
+        self.real = real
+
+    def command(self) -> list[str]:
+        script = Path(__file__).with_name("failing_replica.py")
+        return [sys.executable, str(script), self.real.url, str(self.port)]
