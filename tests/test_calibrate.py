@@ -106,6 +106,7 @@ def test_the_command_writes_the_artifact_and_refuses_overlap_with_exit_2(
     assert main([*command, "--exclude", str(tmp_path / "test.csv")]) == 2
     captured = capsys.readouterr()
     assert "also appear in" in captured.err and not (tmp_path / "cal.json").exists()
+    assert "--drop-overlap" in captured.err  # the error names the way out
     assert main(command) == 0
     printed = capsys.readouterr().out
     assert "wrote" in printed and "in-sample ECE" in printed and "binned (1 bins)" in printed

@@ -98,6 +98,8 @@ def refuse_overlap(data: Dataset | ExampleBank, evaluated: Dataset, flag: str = 
             f"(texts compared with whitespace collapsed and case folded), e.g. {overlap[0]!r}; "
             f"{flag} must name data that the evaluation does not use"
         )
+        if not isinstance(data, ExampleBank):
+            msg += " (or pass --drop-overlap to leave those items out)"
         raise InvalidRequest.at(["data"], msg, "overlap")
 
 

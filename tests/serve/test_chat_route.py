@@ -37,6 +37,13 @@ def served_name(live: Live) -> str:
     return str(decider.name)
 
 
+def test_the_openai_client_lists_the_models(smollm2_server: Live) -> None:
+    """``/v1/models`` carries OpenAI's listing beside System One's: ``models.list()`` finds the served model."""
+    listed = client(smollm2_server).models.list().data
+    assert [model.id for model in listed] == [served_name(smollm2_server), "jev-latest"]
+    assert all(model.object == "model" and model.owned_by == "slotread" and model.created > 0 for model in listed)
+
+
 def test_the_openai_client_gets_typed_answers(smollm2_server: Live) -> None:
     completion = client(smollm2_server).chat.completions.create(
         model=served_name(smollm2_server),

@@ -1,9 +1,12 @@
-"""``GET /v1/models``: the served model and its ``jev-latest`` alias, in System One's listing shape."""
+"""``GET /v1/models``: the served model and its ``jev-latest`` alias, in System One's listing shape
+(``models``) and, on the same body, OpenAI's (``object: "list"``, ``data``), which the ``openai`` client
+reads (``client.models.list()`` found nothing in a System One-only body)."""
 
 from __future__ import annotations
 
 import datetime
 from pathlib import Path
+from typing import Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -25,10 +28,22 @@ class ModelInfo(BaseModel):
     x_images: bool = False
 
 
+class OpenAIModel(BaseModel):
+    """One model as OpenAI lists it."""
+
+    id: str
+    object: Literal["model"] = "model"
+    #: the release date (midnight UTC) as a Unix time
+    created: int
+    owned_by: str = "slotread"
+
+
 class ModelList(BaseModel):
-    """Every model a request may name."""
+    """Every model a request may name, in both listing shapes."""
 
     models: list[ModelInfo]
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
 
 
 def describe(name: str) -> ModelInfo:
@@ -55,4 +70,10 @@ async def list_models(service: ServiceDep) -> ModelList:
         )
         for alias in MODEL_ALIASES
     ]
-    return ModelList(models=[served, *aliases])
+    models = [served, *aliases]
+    return ModelList(models=models, data=[_openai(model) for model in models])
+
+
+def _openai(model: ModelInfo) -> OpenAIModel:
+    released = datetime.datetime.fromisoformat(model.release_date).replace(tzinfo=datetime.UTC)
+    return OpenAIModel(id=model.name, created=int(released.timestamp()))
