@@ -40,31 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from helpers import free_port, percentile, start, stop, wait_ready
+from helpers import SUPPORT_MESSAGES, TICKET_QUESTIONS, free_port, percentile, start, stop, wait_ready
 
 MESSAGES = [
-    "My card still hasn't arrived after two weeks and I need it to pay rent on Friday.",
-    "I was charged twice for the same purchase yesterday, please refund one of them.",
-    "Someone stole my wallet this morning, block my card now!",
-    "How do I change the PIN of my debit card?",
-    "The app keeps crashing whenever I try to look at my statements.",
-    "Thanks for the quick help last week, everything works now.",
+    *SUPPORT_MESSAGES,
     "I moved house last month. Where do I update my address so the new card goes to the right place?",
     "Why was my transfer to my landlord declined? I have enough money in the account.",
 ]
-QUESTIONS: dict[str, Any] = {
-    "urgent": {"type": "noul", "instructions": "Does the customer need this solved within a few days?"},
-    "intent": {
-        "type": "choice",
-        "instructions": "What does the customer want?",
-        "criteria": {
-            "card_arrival": "a card they ordered has not arrived",
-            "refund": "money back for a payment",
-            "lost_or_stolen": "their card was lost or stolen",
-            "other": None,
-        },
-    },
-}
+QUESTIONS = {name: TICKET_QUESTIONS[name] for name in ("urgent", "intent")}
 #: statuses after which a client waits retry-after and sends the decision again
 RETRIED = {429, 503, 529}
 #: what the official SDK gives one try, how many tries a decision gets, and its budget for all of them

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -28,6 +29,35 @@ from slotread.models.shapes import DIFFUSION_GEMMA_26B_A4B, diffusion_gemma_conf
 
 SHAPE = DIFFUSION_GEMMA_26B_A4B
 VOCAB = SHAPE["vocab_size"]
+
+#: support messages the load benchmarks' decisions are about
+SUPPORT_MESSAGES = [
+    "My card still hasn't arrived after two weeks and I need it to pay rent on Friday.",
+    "I was charged twice for the same purchase yesterday, please refund one of them.",
+    "Someone stole my wallet this morning, block my card now!",
+    "How do I change the PIN of my debit card?",
+    "The app keeps crashing whenever I try to look at my statements.",
+    "Thanks for the quick help last week, everything works now.",
+]
+#: README's support-ticket questions, as the load benchmarks' clients ask them
+TICKET_QUESTIONS: dict[str, Any] = {
+    "urgent": {"type": "noul", "instructions": "Does the customer need this solved within a few days?"},
+    "intent": {
+        "type": "choice",
+        "instructions": "What does the customer want?",
+        "criteria": {
+            "card_arrival": "a card they ordered has not arrived",
+            "refund": "money back for a payment",
+            "lost_or_stolen": "their card was lost or stolen",
+            "other": None,
+        },
+    },
+    "frustration": {
+        "type": "score",
+        "instructions": "How frustrated is the customer?",
+        "criteria": ["calm", "mildly annoyed", "annoyed", "very frustrated", "furious"],
+    },
+}
 
 
 def build(layers: int, dtype: torch.dtype) -> DiffusionGemmaForBlockDiffusion:

@@ -16,37 +16,9 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
-from helpers import percentile
-
-MESSAGES = [
-    "My card still hasn't arrived after two weeks and I need it to pay rent on Friday.",
-    "I was charged twice for the same purchase yesterday, please refund one of them.",
-    "Someone stole my wallet this morning, block my card now!",
-    "How do I change the PIN of my debit card?",
-    "The app keeps crashing whenever I try to look at my statements.",
-    "Thanks for the quick help last week, everything works now.",
-]
-QUESTIONS: dict[str, Any] = {
-    "urgent": {"type": "noul", "instructions": "Does the customer need this solved within a few days?"},
-    "intent": {
-        "type": "choice",
-        "instructions": "What does the customer want?",
-        "criteria": {
-            "card_arrival": "a card they ordered has not arrived",
-            "refund": "money back for a payment",
-            "lost_or_stolen": "their card was lost or stolen",
-            "other": None,
-        },
-    },
-    "frustration": {
-        "type": "score",
-        "instructions": "How frustrated is the customer?",
-        "criteria": ["calm", "mildly annoyed", "annoyed", "very frustrated", "furious"],
-    },
-}
+from helpers import SUPPORT_MESSAGES, TICKET_QUESTIONS, percentile
 
 
 @dataclass
@@ -62,7 +34,7 @@ async def client_loop(client: httpx.AsyncClient, index: int, stop_at: float, tal
     """One client: post decisions until ``stop_at``."""
     sent = 0
     while time.monotonic() < stop_at:
-        body = {"state": MESSAGES[(index + sent) % len(MESSAGES)], "questions": QUESTIONS}
+        body = {"state": SUPPORT_MESSAGES[(index + sent) % len(SUPPORT_MESSAGES)], "questions": TICKET_QUESTIONS}
         sent += 1
         started = time.monotonic()
         try:

@@ -66,7 +66,7 @@ from typing import Any
 
 import httpx
 import stack_profile
-from helpers import free_port, percentile, start, stop, wait_ready
+from helpers import SUPPORT_MESSAGES, free_port, percentile, start, stop, wait_ready
 
 WORDS = [
     "account",
@@ -204,14 +204,6 @@ MODERATION: list[tuple[str, dict[str, Any]]] = [
     ("tone", {"type": "score", "instructions": paragraph(_FIXED, 30), "criteria": ["hostile", "neutral", "warm"]}),
     ("needs_review", {"type": "noul", "instructions": paragraph(_FIXED, 22), "depends_on": ["abuse", "toxicity"]}),
 ]
-MESSAGES = [
-    "My card still hasn't arrived after two weeks and I need it to pay rent on Friday.",
-    "I was charged twice for the same purchase yesterday, please refund one of them.",
-    "Someone stole my wallet this morning, block my card now!",
-    "How do I change the PIN of my debit card?",
-    "The app keeps crashing whenever I try to look at my statements.",
-    "Thanks for the quick help last week, everything works now.",
-]
 README_QUESTIONS = {k: v for k, v in SUPPORT_QUESTIONS.items() if k in ("urgent", "intent", "severity")}
 IMAGE_QUESTIONS: dict[str, Any] = {
     "red": {"type": "noul", "instructions": "Is there a red square in the image?"},
@@ -259,7 +251,7 @@ def make_request(workload: str, rng: random.Random) -> dict[str, Any]:
         body = {"instructions": POLICY, "state": paragraph(rng, 75), "questions": W1_QUESTIONS, "x_seed": seed}
         return {**body, "x_joint": True} if workload == "w1-joint" else body
     if workload == "support":
-        return {"state": rng.choice(MESSAGES), "questions": README_QUESTIONS, "x_seed": seed}
+        return {"state": rng.choice(SUPPORT_MESSAGES), "questions": README_QUESTIONS, "x_seed": seed}
     if workload in ("image", "image-cached"):
         image = FIXED_IMAGE if workload == "image-cached" else square_image(rng)
         return {"state": words(rng, 10), "images": [image], "questions": IMAGE_QUESTIONS, "x_seed": seed}

@@ -25,7 +25,7 @@ from slotread.models.encoder import SentenceEncoder, load_encoder
 from slotread.models.load import LoadedModel, load_model, load_tokenizer
 from slotread.models.tiny_checkpoint import write_tiny_diffusion_gemma
 from slotread.models.tiny_masked import TOKENIZER_SOURCE, write_tiny_masked_lm
-from tests.engines.remote.replicas import Replica
+from tests.engines.remote.replicas import Replica, started_replicas
 from tests.engines.tiny_dream import TinyDreamConfig, TinyDreamModel
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -123,15 +123,8 @@ def diffusion_replicas(tiny_diffusion_dir: Path, tmp_path_factory: pytest.TempPa
 
     Tests that kill or pause one leave both running again.
     """
-    logs = tmp_path_factory.mktemp("replicas")
-    replicas = [Replica(str(tiny_diffusion_dir), logs / f"engine-{index}.log").start() for index in range(2)]
-    try:
-        for replica in replicas:
-            replica.wait_ready()
+    with started_replicas(str(tiny_diffusion_dir), tmp_path_factory.mktemp("replicas")) as replicas:
         yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
 
 
 @pytest.fixture(scope="session")

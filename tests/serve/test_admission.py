@@ -26,6 +26,15 @@ async def hold(gate: AdmissionGate, release: asyncio.Event, order: list[str], na
         await release.wait()
 
 
+async def answer_four_in(gate: AdmissionGate, seconds: float) -> None:
+    """Teach ``gate`` a rate: 4 one-cost decisions held together for ``seconds``, then answered."""
+    release, order = asyncio.Event(), []
+    first = [asyncio.create_task(hold(gate, release, order, f"f{i}")) for i in range(4)]
+    await asyncio.sleep(seconds)
+    release.set()
+    await asyncio.gather(*first)
+
+
 def test_a_full_queue_refuses_at_once_and_freed_slots_go_to_waiters_in_order() -> None:
     async def scenario() -> None:
         gate = AdmissionGate(slots=2, queue_size=2, retry_after_s=1.5)
@@ -203,13 +212,9 @@ def test_a_free_slot_is_not_taken_when_the_work_ahead_would_pass_the_deadline() 
     async def scenario() -> None:
         gate = AdmissionGate(slots=64, queue_size=0, retry_after_s=0.001)
         release, order = asyncio.Event(), []
-        first = [asyncio.create_task(hold(gate, release, order, f"f{i}")) for i in range(4)]
-        await asyncio.sleep(0.2)
-        release.set()
-        await asyncio.gather(*first)
+        await answer_four_in(gate, 0.2)
         rate = gate.rate_per_capacity
         assert rate is not None and 15 < rate < 21  # 4 answered in 0.2 busy seconds
-        release.clear()
         deadline = 5.5 / rate / ADMIT_SHARE
         running = [asyncio.create_task(hold(gate, release, order, f"r{i}", deadline=deadline)) for i in range(6)]
         await asyncio.sleep(0.01)
@@ -239,11 +244,7 @@ def test_the_expected_rate_follows_the_capacity_at_once() -> None:
         gate = AdmissionGate(slots=64, queue_size=0, retry_after_s=0.001)
         gate.track_capacity(lambda: replicas[0])
         release, order = asyncio.Event(), []
-        first = [asyncio.create_task(hold(gate, release, order, f"f{i}")) for i in range(4)]
-        await asyncio.sleep(0.2)
-        release.set()
-        await asyncio.gather(*first)
-        release.clear()
+        await answer_four_in(gate, 0.2)
         busy = [asyncio.create_task(hold(gate, release, order, f"b{i}")) for i in range(3)]
         await asyncio.sleep(0.01)
         both = gate.expected_s(1.0)
@@ -292,10 +293,7 @@ def test_requests_refused_together_are_told_to_come_back_one_after_another_to_ro
     async def scenario() -> None:
         gate = AdmissionGate(slots=64, queue_size=0, retry_after_s=0.001)
         release, order = asyncio.Event(), []
-        first = [asyncio.create_task(hold(gate, release, order, f"f{i}")) for i in range(4)]
-        await asyncio.sleep(0.2)
-        release.set()
-        await asyncio.gather(*first)
+        await answer_four_in(gate, 0.2)
         rate = gate.rate_per_capacity
         assert rate is not None
         deadline = 6.5 / rate / ADMIT_SHARE  # 6 running fill it
@@ -370,11 +368,7 @@ def test_a_request_told_to_wait_past_the_booking_horizon_books_nothing() -> None
     async def scenario() -> None:
         gate = AdmissionGate(slots=64, queue_size=0, retry_after_s=0.001)
         release, order = asyncio.Event(), []
-        first = [asyncio.create_task(hold(gate, release, order, f"f{i}")) for i in range(4)]
-        await asyncio.sleep(0.2)
-        release.set()
-        await asyncio.gather(*first)
-        release.clear()
+        await answer_four_in(gate, 0.2)
         busy = asyncio.create_task(hold(gate, release, order, "busy"))
         await asyncio.sleep(0.01)
         deadline = 0.5

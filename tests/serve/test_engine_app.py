@@ -145,6 +145,14 @@ def test_the_response_has_vllms_shape(diffusion: tuple[TestClient, ServedEngine]
         assert logprob == max(top.values()) <= 0.0
 
 
+def wait_queued(batcher: BatchingEngine, reads: int) -> None:
+    """Wait until ``reads`` reads queue for the batcher's next call (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while batcher.pending < reads:
+        assert time.monotonic() < deadline, "the reads never queued"
+        time.sleep(0.005)
+
+
 def test_concurrent_reads_go_to_the_engine_in_one_batch(tiny_diffusion: LoadedModel) -> None:
     served = ServedEngine.from_loaded(tiny_diffusion)
     requests = [render(tiny_diffusion, [question], state) for question in (URGENT, MOOD) for state in STATES[:2]]
@@ -158,10 +166,7 @@ def test_concurrent_reads_go_to_the_engine_in_one_batch(tiny_diffusion: LoadedMo
         first = pool.submit(read_remote, client, requests[0], served)
         assert held.entered.wait(30)
         rest = [pool.submit(read_remote, client, request, served) for request in requests[1:]]
-        deadline = time.monotonic() + 30
-        while batcher.pending < 4:
-            assert time.monotonic() < deadline, "the reads never queued"
-            time.sleep(0.005)
+        wait_queued(batcher, 4)
         held.release.set()
         results = [first.result(60), *(future.result(60) for future in rest)]
     assert sizes == [1, 4]
@@ -184,10 +189,7 @@ def test_a_read_whose_client_hung_up_before_its_call_is_not_read(tiny_diffusion:
         with live.client(timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
             read_remote(impatient, requests[1], served)  # hangs up while the engine is busy
         kept = pool.submit(read_remote, client, requests[2], served)
-        deadline = time.monotonic() + 30
-        while batcher.pending < 2:
-            assert time.monotonic() < deadline, "the reads never queued"
-            time.sleep(0.005)
+        wait_queued(batcher, 2)
         held.release.set()
         first.result(60), kept.result(60)
     assert sizes == [1, 1]  # the hung-up read was dropped from the second call

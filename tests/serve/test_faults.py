@@ -32,18 +32,12 @@ from slotread.engines.remote.pool import FAILED_READS
 from slotread.models.load import LoadedModel
 from slotread.serve.app import create_app
 from slotread.settings import Settings
-from tests.engines.remote.replicas import FailingReplica, Replica
+from tests.engines.remote.replicas import FailingReplica, Replica, started_replicas
 from tests.serve.live import Live, live_server
+from tests.serve.test_gateway import QUESTIONS as GATEWAY_QUESTIONS
 
 MODEL = "smollm2-135m-instruct"
-QUESTIONS: dict[str, Any] = {
-    "urgent": {"type": "noul", "instructions": "Does the customer need this solved within a few days?"},
-    "intent": {
-        "type": "choice",
-        "instructions": "What does the customer want?",
-        "criteria": {"card_arrival": "a card they ordered has not arrived", "refund": "money back", "other": None},
-    },
-}
+QUESTIONS = {name: GATEWAY_QUESTIONS[name] for name in ("urgent", "intent")}
 DEADLINE_S = Settings().request_deadline_s
 #: the client's side of an answer's time (connecting, sending, reading) on a busy 2-core machine
 MARGIN_S = 2.0
@@ -134,15 +128,8 @@ def ok(answers: list[Answer]) -> int:
 @pytest.fixture(scope="module")
 def replicas(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
     """Two replicas of SmolLM2 (fetched by the ``smollm2`` fixture); each case leaves both running."""
-    logs = tmp_path_factory.mktemp("fault-replicas")
-    replicas = [Replica(MODEL, logs / f"engine-{index}.log").start() for index in range(2)]
-    try:
-        for replica in replicas:
-            replica.wait_ready()
+    with started_replicas(MODEL, tmp_path_factory.mktemp("fault-replicas")) as replicas:
         yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
 
 
 def running_again(replica: Replica) -> None:

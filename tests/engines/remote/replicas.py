@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -87,6 +89,20 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(30)
+
+
+@contextmanager
+def started_replicas(model: str, logs: Path, count: int = 2) -> Iterator[list[Replica]]:
+    """``count`` replicas of ``model`` started together, ready on entry, stopped on exit (``logs``: their
+    ``engine-N.log`` files)."""
+    replicas = [Replica(model, logs / f"engine-{index}.log").start() for index in range(count)]
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()
 
 
 class FailingReplica(Replica):
